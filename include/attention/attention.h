@@ -1,0 +1,11 @@
+#pragma once
+
+/// \file
+/// Umbrella header: everything the library offers.
+
+#include <attention/causal_self_attention.h>
+#include <attention/cross_attention.h>
+#include <attention/format.h>
+#include <attention/functional.h>
+#include <attention/multi_head_attention_wrapper.h>
+#include <attention/self_attention.h>

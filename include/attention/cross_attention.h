@@ -1,0 +1,54 @@
+#pragma once
+
+/// \file
+/// Cross-attention: queries from one sequence, keys and values from another.
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <ostream>
+
+namespace attention {
+
+/// Options of CrossAttention.
+struct CrossAttentionOptions {
+  CrossAttentionOptions(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)
+      : d_in_(d_in), d_out_kq_(d_out_kq), d_out_v_(d_out_v), d_in_kv_(d_in) {}
+  /// Feature size of x_1, the sequence the queries come from.
+  TORCH_ARG(int64_t, d_in);
+  TORCH_ARG(int64_t, d_out_kq);
+  TORCH_ARG(int64_t, d_out_v);
+  /// Feature size of x_2, the sequence keys and values come from (default: d_in).
+  TORCH_ARG(int64_t, d_in_kv);
+};
+
+/// softmax(x_1 W_query (x_2 W_key)ᵀ / sqrt(d_out_kq)) x_2 W_value.
+///
+/// Parameters `W_query` (d_in, d_out_kq), `W_key` (d_in_kv, d_out_kq), `W_value`
+/// (d_in_kv, d_out_v), drawn with torch::rand in that order. x_1 is (T_q, d_in) or
+/// (B, T_q, d_in), x_2 (T_kv, d_in_kv) or (B, T_kv, d_in_kv) with the same rank and batch size;
+/// the output is (..., T_q, d_out_v).
+class CrossAttentionImpl : public torch::nn::Cloneable<CrossAttentionImpl> {
+ public:
+  CrossAttentionImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)
+      : CrossAttentionImpl(CrossAttentionOptions(d_in, d_out_kq, d_out_v)) {}
+  explicit CrossAttentionImpl(const CrossAttentionOptions& options_);
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// Throws as SelfAttention::forward does, and c10::ValueError when the batch sizes of x_1 and
+  /// x_2 differ.
+  torch::Tensor forward(const torch::Tensor& x_1, const torch::Tensor& x_2);
+
+  CrossAttentionOptions options;
+  torch::Tensor W_query;
+  torch::Tensor W_key;
+  torch::Tensor W_value;
+};
+
+TORCH_MODULE(CrossAttention);
+
+}  // namespace attention

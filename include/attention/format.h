@@ -1,0 +1,44 @@
+#pragma once
+
+/// \file
+/// fmt support for tensors, printed the way PyTorch prints them.
+///
+///     fmt::print("{}\n", t);    // tensor([[ 0.3374, -0.1778], ...])
+///     fmt::print("{:s}\n", t);  // torch.Size([6, 3])
+
+#include <ATen/core/Tensor.h>
+#include <fmt/format.h>
+
+#include <string>
+
+namespace attention {
+
+/// The tensor as PyTorch's `print(t)` shows it (without grad_fn), `precision` decimals.
+std::string format_tensor(const at::Tensor& tensor, int precision = 4);
+
+/// The shape as PyTorch's `print(t.shape)` shows it: `torch.Size([6, 3])`.
+std::string format_shape(const at::Tensor& tensor);
+
+}  // namespace attention
+
+/// `{}` prints the values, `{:s}` the shape.
+template <>
+struct fmt::formatter<at::Tensor> {
+  bool shape = false;
+
+  constexpr auto parse(format_parse_context& ctx) -> decltype(ctx.begin()) {
+    auto it = ctx.begin();
+    if (it != ctx.end() && *it == 's') {
+      shape = true;
+      ++it;
+    }
+    if (it != ctx.end() && *it != '}') throw format_error("invalid format for at::Tensor");
+    return it;
+  }
+
+  template <typename FormatContext>
+  auto format(const at::Tensor& t, FormatContext& ctx) const -> decltype(ctx.out()) {
+    const std::string text = shape ? attention::format_shape(t) : attention::format_tensor(t);
+    return std::copy(text.begin(), text.end(), ctx.out());
+  }
+};

@@ -1,0 +1,68 @@
+#pragma once
+
+/// \file
+/// The shared math of every attention module: scaled dot-product attention, in one place.
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <c10/util/Optional.h>
+
+namespace attention {
+namespace functional {
+
+/// Which implementation computes the attention.
+enum class Backend {
+  /// Chooses by size and by what is requested (currently always Math).
+  Auto,
+  /// softmax(Q Kᵀ · scale + mask) V on whole score matrices, exactly as the article writes it.
+  Math,
+};
+
+/// Options of scaled_dot_product_attention().
+///
+/// Mask convention, the same everywhere in this library: in a **bool** mask `true` means
+/// "masked out" (the key is hidden from the query), as in the article's
+/// `attn_scores.masked_fill(mask.bool(), -torch.inf)` and in `torch.nn.MultiheadAttention`.
+/// A **floating** mask is added to the scaled scores (use `-inf` to hide a key).
+struct ScaledDotProductAttentionOptions {
+  /// Bool (true = masked out) or additive float mask, broadcastable to (..., H, Tq, Tk).
+  TORCH_ARG(torch::Tensor, attn_mask) = {};
+  /// Hides keys after each query. With Tq != Tk the queries are the last Tq positions of the
+  /// Tk keys, as when new tokens attend to a KV cache.
+  TORCH_ARG(bool, is_causal) = false;
+  /// Multiplies the scores; when unset they are divided by sqrt(d), as in the article.
+  TORCH_ARG(c10::optional<double>, scale) = c10::nullopt;
+  /// Dropout probability on the attention weights. Applied whenever > 0: modules pass 0 in
+  /// evaluation mode.
+  TORCH_ARG(double, dropout_p) = 0.0;
+  /// Also return the attention weights, (..., H, Tq, Tk).
+  TORCH_ARG(bool, need_weights) = false;
+  TORCH_ARG(Backend, backend) = Backend::Auto;
+};
+
+/// What scaled_dot_product_attention() returns.
+struct AttentionOutput {
+  /// The context vectors, (..., H, Tq, d_v).
+  torch::Tensor output;
+  /// The attention weights (..., H, Tq, Tk) when requested, else undefined.
+  torch::Tensor weights;
+};
+
+/// softmax(Q Kᵀ / sqrt(d) + mask) V.
+///
+/// Shapes: `query` (..., Tq, d), `key` (..., Tk, d), `value` (..., Tk, d_v), all of the same
+/// rank (at least 2), dtype and device. With rank >= 3 the dimension -3 holds heads; `key` and
+/// `value` may have fewer heads Hkv than the query's H when H is a multiple of Hkv
+/// (grouped-query attention: query head h reads key/value head h / (H / Hkv)).
+///
+/// A query whose keys are all masked gets a zero output and zero weights, never NaN.
+///
+/// Throws c10::ValueError for inconsistent shapes, c10::TypeError for mismatched dtypes,
+/// c10::Error for mismatched devices.
+AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
+                                             const torch::Tensor& value,
+                                             const ScaledDotProductAttentionOptions& options = {});
+
+}  // namespace functional
+}  // namespace attention

@@ -1,0 +1,55 @@
+#pragma once
+
+/// \file
+/// The article's SelfAttention: one head of scaled dot-product attention.
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <ostream>
+
+namespace attention {
+
+/// Options of SelfAttention.
+struct SelfAttentionOptions {
+  SelfAttentionOptions(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)
+      : d_in_(d_in), d_out_kq_(d_out_kq), d_out_v_(d_out_v) {}
+  /// Size of each input token's feature vector.
+  TORCH_ARG(int64_t, d_in);
+  /// Size of queries and keys.
+  TORCH_ARG(int64_t, d_out_kq);
+  /// Size of values, and so of the output.
+  TORCH_ARG(int64_t, d_out_v);
+};
+
+/// softmax(x W_query (x W_key)ᵀ / sqrt(d_out_kq)) x W_value.
+///
+/// Parameters `W_query` (d_in, d_out_kq), `W_key` (d_in, d_out_kq), `W_value` (d_in, d_out_v),
+/// drawn with torch::rand in that order, as the article's Python class does: after
+/// `torch::manual_seed(123)`, `SelfAttention(3, 2, 4)` holds the article's weights.
+///
+/// Input (T, d_in) or (B, T, d_in); output (T, d_out_v) or (B, T, d_out_v).
+class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
+ public:
+  SelfAttentionImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)
+      : SelfAttentionImpl(SelfAttentionOptions(d_in, d_out_kq, d_out_v)) {}
+  explicit SelfAttentionImpl(const SelfAttentionOptions& options_);
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// Throws c10::ValueError for a wrong rank or feature size, c10::TypeError for a dtype other
+  /// than the parameters', c10::Error for another device.
+  torch::Tensor forward(const torch::Tensor& x);
+
+  SelfAttentionOptions options;
+  torch::Tensor W_query;
+  torch::Tensor W_key;
+  torch::Tensor W_value;
+};
+
+TORCH_MODULE(SelfAttention);
+
+}  // namespace attention

@@ -1,0 +1,13 @@
+# Shared by the scripts: where things are, and the one configure-and-build step.
+# shellcheck shell=bash
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build}
+# Debian's python3 has torch; a python3 earlier on PATH may not.
+PYTHON=${PYTHON:-/usr/bin/python3}
+JOBS=${JOBS:-$(nproc)}
+
+configure_and_build() {
+  cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@"
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what this project needs on Debian 12, and nothing that is already there.
+# Idempotent: `apt-get update` runs only when something is missing.
+set -euo pipefail
+
+packages=(
+  cmake g++ make ccache
+  libtorch-dev python3-torch python3-numpy
+  catch2 libfmt-dev
+  # Without OpenBLAS Debian's libtorch falls back to the reference BLAS, ~24x slower.
+  libopenblas0-openmp
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if ((EUID != 0)); then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

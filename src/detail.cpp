@@ -1,0 +1,50 @@
+#include "detail.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace attention {
+namespace detail {
+
+std::string shape_str(c10::IntArrayRef sizes) {
+  if (sizes.size() == 1) return fmt::format("({},)", sizes[0]);
+  return fmt::format("({})", fmt::join(sizes, ", "));
+}
+
+void check_module_input(const torch::Tensor& x, int64_t d_in, const torch::Tensor& parameter,
+                        const char* module, const char* what) {
+  TORCH_CHECK_VALUE(x.defined(), module, ": expected ", what, " to be a defined tensor");
+  TORCH_CHECK_VALUE((x.dim() == 2 || x.dim() == 3) && x.size(-1) == d_in, module, ": expected ",
+                    what, " (T, ", d_in, ") or (B, T, ", d_in, "), got ", shape_str(x.sizes()));
+  TORCH_CHECK_TYPE(x.scalar_type() == parameter.scalar_type(), module, ": expected ", what,
+                   " of dtype ", parameter.scalar_type(), " (the parameters' dtype), got ",
+                   x.scalar_type());
+  TORCH_CHECK(x.device() == parameter.device(), module, ": expected ", what, " on device ",
+              parameter.device(), " (the parameters' device), got ", x.device());
+}
+
+void check_same_batch(const torch::Tensor& x_1, const torch::Tensor& x_2, const char* module) {
+  TORCH_CHECK_VALUE(x_1.dim() == x_2.dim() && (x_1.dim() == 2 || x_1.size(0) == x_2.size(0)),
+                    module, ": expected x_1 and x_2 with the same batch size, got x_1 ",
+                    shape_str(x_1.sizes()), " and x_2 ", shape_str(x_2.sizes()));
+}
+
+void check_positive(int64_t value, const char* name, const char* module) {
+  TORCH_CHECK_VALUE(value > 0, module, ": expected ", name, " > 0, got ", value);
+}
+
+QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv, int64_t d_out_kq,
+                        int64_t d_out_v, const char* name) {
+  check_positive(d_in, "d_in", name);
+  check_positive(d_in_kv, "d_in_kv", name);
+  check_positive(d_out_kq, "d_out_kq", name);
+  check_positive(d_out_v, "d_out_v", name);
+  QKVWeights w;
+  w.W_query = module.register_parameter("W_query", torch::rand({d_in, d_out_kq}));
+  w.W_key = module.register_parameter("W_key", torch::rand({d_in_kv, d_out_kq}));
+  w.W_value = module.register_parameter("W_value", torch::rand({d_in_kv, d_out_v}));
+  return w;
+}
+
+}  // namespace detail
+}  // namespace attention

@@ -1,0 +1,38 @@
+#pragma once
+
+// What the modules share besides the functional layer: input validation (every message names
+// the caller, what it expected and what it got) and the article's query/key/value parameters.
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <string>
+
+namespace attention {
+namespace detail {
+
+/// "(6, 4)"
+std::string shape_str(c10::IntArrayRef sizes);
+
+/// Checks a module input of shape (T, d_in) or (B, T, d_in) against the module's parameters:
+/// rank, feature size, dtype and device. `what` names the argument in messages ("input", "x_2").
+void check_module_input(const torch::Tensor& x, int64_t d_in, const torch::Tensor& parameter,
+                        const char* module, const char* what);
+
+/// Checks that the batch dimensions of two module inputs agree.
+void check_same_batch(const torch::Tensor& x_1, const torch::Tensor& x_2, const char* module);
+
+/// Checks that a constructor argument is positive.
+void check_positive(int64_t value, const char* name, const char* module);
+
+/// The article's projection matrices, registered as `W_query` (d_in, d_out_kq), `W_key`
+/// (d_in_kv, d_out_kq), `W_value` (d_in_kv, d_out_v) and drawn with torch::rand in that order, so
+/// that a seed gives the same weights as the Python classes.
+struct QKVWeights {
+  torch::Tensor W_query, W_key, W_value;
+};
+QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv, int64_t d_out_kq,
+                        int64_t d_out_v, const char* name);
+
+}  // namespace detail
+}  // namespace attention

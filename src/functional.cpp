@@ -1,0 +1,84 @@
+#include <attention/functional.h>
+
+#include "detail.h"
+#include "kernels/kernels.h"
+
+namespace attention {
+namespace functional {
+namespace {
+
+constexpr const char* kName = "attention::functional::scaled_dot_product_attention";
+
+bool broadcastable_to(c10::IntArrayRef from, c10::IntArrayRef to) {
+  if (from.size() > to.size()) return false;
+  for (size_t i = 1; i <= from.size(); ++i) {
+    const int64_t f = from[from.size() - i], t = to[to.size() - i];
+    if (f != t && f != 1) return false;
+  }
+  return true;
+}
+
+void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                  const ScaledDotProductAttentionOptions& options) {
+  using detail::shape_str;
+  TORCH_CHECK_VALUE(q.defined() && k.defined() && v.defined(), kName,
+                    ": expected defined query, key and value tensors");
+  TORCH_CHECK_VALUE(q.dim() >= 2 && q.dim() == k.dim() && q.dim() == v.dim(), kName,
+                    ": expected query, key and value of the same rank >= 2, got query ",
+                    shape_str(q.sizes()), ", key ", shape_str(k.sizes()), ", value ",
+                    shape_str(v.sizes()));
+  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), kName,
+                   ": expected query, key and value of one dtype, got ", q.scalar_type(), ", ",
+                   k.scalar_type(), ", ", v.scalar_type());
+  TORCH_CHECK_TYPE(c10::isFloatingType(q.scalar_type()), kName,
+                   ": expected a floating-point dtype, got ", q.scalar_type());
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), kName,
+              ": expected query, key and value on one device, got ", q.device(), ", ", k.device(),
+              ", ", v.device());
+  TORCH_CHECK_VALUE(q.size(-1) == k.size(-1), kName,
+                    ": expected query and key with the same feature size, got query ",
+                    shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
+  TORCH_CHECK_VALUE(k.sizes().slice(0, k.dim() - 1) == v.sizes().slice(0, v.dim() - 1), kName,
+                    ": expected key and value that differ only in the last dimension, got key ",
+                    shape_str(k.sizes()), " and value ", shape_str(v.sizes()));
+  const int64_t lead = q.dim() - 2;
+  const bool heads_ok =
+      lead == 0 || (q.sizes().slice(0, lead - 1) == k.sizes().slice(0, lead - 1) &&
+                    q.size(-3) % k.size(-3) == 0);
+  TORCH_CHECK_VALUE(heads_ok, kName,
+                    ": expected query (..., H, Tq, d) and key (..., Hkv, Tk, d) with equal leading "
+                    "dimensions and H a multiple of Hkv, got query ",
+                    shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
+  TORCH_CHECK_VALUE(options.dropout_p() >= 0.0 && options.dropout_p() < 1.0, kName,
+                    ": expected dropout_p in [0, 1), got ", options.dropout_p());
+
+  const torch::Tensor& mask = options.attn_mask();
+  if (!mask.defined()) return;
+  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool || mask.scalar_type() == q.scalar_type(), kName,
+                   ": expected attn_mask of dtype bool (true = masked out) or ", q.scalar_type(),
+                   " (additive), got ", mask.scalar_type());
+  TORCH_CHECK(mask.device() == q.device(), kName, ": expected attn_mask on device ", q.device(),
+              ", got ", mask.device());
+  auto scores = q.sizes().vec();
+  scores.back() = k.size(-2);
+  TORCH_CHECK_VALUE(broadcastable_to(mask.sizes(), scores), kName,
+                    ": expected attn_mask broadcastable to the scores ", shape_str(scores),
+                    ", got ", shape_str(mask.sizes()));
+}
+
+}  // namespace
+
+AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
+                                             const torch::Tensor& value,
+                                             const ScaledDotProductAttentionOptions& options) {
+  check_inputs(query, key, value, options);
+  switch (options.backend()) {
+    case Backend::Auto:
+    case Backend::Math:
+      return kernels::math(query, key, value, options);
+  }
+  TORCH_CHECK(false, kName, ": unknown backend");
+}
+
+}  // namespace functional
+}  // namespace attention

@@ -1,0 +1,36 @@
+#pragma once
+
+// Small helpers shared by the test files.
+
+#include <c10/util/Exception.h>
+#include <torch/types.h>
+#include <catch2/catch.hpp>
+
+#include <string>
+
+namespace test {
+
+inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.numel() == 0 && b.numel() == 0) return 0.0;
+  return (a.detach().to(torch::kDouble) - b.detach().to(torch::kDouble)).abs().max().item<double>();
+}
+
+// The message of a c10 error without LibTorch's backtrace.
+inline std::string message(const c10::Error& e) {
+  return e.what_without_backtrace();
+}
+
+}  // namespace test
+
+// Checks that `expr` throws `Type` (a c10::Error subclass) whose message contains `fragment`.
+#define CHECK_THROWS_C10(expr, Type, fragment)                  \
+  do {                                                          \
+    bool thrown_ = false;                                       \
+    try {                                                       \
+      (void)(expr);                                             \
+    } catch (const Type& e_) {                                  \
+      thrown_ = true;                                           \
+      CHECK_THAT(test::message(e_), Catch::Contains(fragment)); \
+    }                                                           \
+    CHECK(thrown_);                                             \
+  } while (false)
