@@ -32,7 +32,7 @@ TEST_CASE("CausalSelfAttention: row t does not change when inputs after t change
   }
 }
 
-TEST_CASE("CausalSelfAttention: the first token sees only itself; T = 1 works", "[causal]") {
+TEST_CASE("CausalSelfAttention: the first token sees only itself, and T = 1 works", "[causal]") {
   CausalSelfAttention causal(3, 2, 4);
   auto x = torch::randn({5, 3});
   CHECK(test::max_abs_diff(causal(x)[0], x[0].matmul(causal->W_value)) < 1e-6);

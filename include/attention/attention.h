@@ -9,3 +9,4 @@
 #include <attention/functional.h>
 #include <attention/multi_head_attention_wrapper.h>
 #include <attention/self_attention.h>
+#include <attention/weights.h>

@@ -1,0 +1,59 @@
+#pragma once
+
+// The golden harness: builds a module the way a golden case describes it, runs forward and
+// backward on the case's inputs, and compares with what Python computed.
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace golden {
+
+/// One entry of models/golden/manifest.json.
+struct Case {
+  std::string name;
+  std::string module;
+  nlohmann::json args;
+  int64_t seed = 0;
+  torch::Dtype dtype = torch::kFloat;
+  std::vector<std::string> inputs;
+  double atol = 0, rtol = 0;
+  std::string weights_path;
+  std::string tensors_path;
+  std::string state_dict_path;
+};
+
+/// The folder of the committed goldens (or the one given with --golden-dir).
+std::string& directory();
+/// The one case to run (--golden-case), empty for all.
+std::string& selected_case();
+
+std::vector<Case> read_manifest(const std::string& dir);
+
+/// A module built from a case's constructor arguments, with a forward over the case's inputs.
+struct Module {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const std::vector<torch::Tensor>&)> forward;
+};
+/// Seeded with the case's seed right before construction, then cast to the case's dtype.
+Module make_module(const Case& c);
+
+/// The case's tensors file: input.<arg>, output, grad_output, grad.<name>.
+std::map<std::string, torch::Tensor> read_tensors(const Case& c);
+
+struct Comparison {
+  double max_abs_diff = 0;
+  std::vector<std::string> failures;  // "<tensor>: max |diff| <d> beyond tolerance"
+};
+
+/// Runs forward and backward of `m` on the case's inputs and compares the output and the gradient
+/// of every input and parameter with Python's, within the case's tolerance.
+Comparison compare(const Case& c, Module& m, const std::map<std::string, torch::Tensor>& golden);
+
+}  // namespace golden

@@ -1,0 +1,11 @@
+# Runs the C++ writer, then the Python reader; fails if either does.
+file(REMOVE_RECURSE ${DIR})
+file(MAKE_DIRECTORY ${DIR})
+execute_process(COMMAND ${WRITER} ${DIR} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "roundtrip-writer failed: ${rc}")
+endif()
+execute_process(COMMAND ${PYTHON} ${CHECK} ${DIR} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "check_roundtrip.py failed: ${rc}")
+endif()

@@ -1,0 +1,91 @@
+// The golden harness: every case of models/golden/manifest.json, forward and backward, against
+// the numbers Python computed. ctest runs each case as its own test (--golden-case NAME).
+
+#include <attention/weights.h>
+
+#include "golden/harness.h"
+#include "helpers.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+namespace {
+
+std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("golden cases", "[.golden]") {
+  const auto cases = golden::read_manifest(golden::directory());
+  int ran = 0;
+  for (const auto& c : cases) {
+    if (!golden::selected_case().empty() && c.name != golden::selected_case()) continue;
+    ++ran;
+    INFO("golden case " << c.name);
+    auto m = golden::make_module(c);
+
+    // Same seed, same weights: loading Python's file must change nothing.
+    const auto seeded = snapshot(*m.module);
+    const auto report = attention::load_weights(*m.module, c.weights_path);
+    CHECK(report.loaded.size() == seeded.size());
+    const auto loaded = snapshot(*m.module);
+    for (size_t i = 0; i < seeded.size(); ++i) CHECK(torch::equal(seeded[i], loaded[i]));
+
+    const auto result = golden::compare(c, m, golden::read_tensors(c));
+    for (const auto& failure : result.failures) FAIL_CHECK(failure);
+    fmt::print("golden {} ({}): max |diff| {:.3e}\n", c.name, c10::toString(c.dtype),
+               result.max_abs_diff);
+  }
+  REQUIRE(ran > 0);
+}
+
+TEST_CASE("golden: the manifest holds at least 60 cases of every module", "[golden]") {
+  const auto cases = golden::read_manifest(golden::directory());
+  CHECK(cases.size() >= 60);
+  std::map<std::string, int> per_module;
+  for (const auto& c : cases) ++per_module[c.module];
+  for (const char* module :
+       {"SelfAttention", "MultiHeadAttentionWrapper", "CausalSelfAttention", "CrossAttention"}) {
+    INFO(module);
+    CHECK(per_module[module] >= 5);
+  }
+}
+
+TEST_CASE("golden: the state-dict file of every case holds the TorchScript file's weights",
+          "[golden][weights]") {
+  for (const auto& c : golden::read_manifest(golden::directory())) {
+    INFO(c.name);
+    auto from_script = golden::make_module(c);
+    auto from_state_dict = golden::make_module(c);
+    for (auto& p : from_state_dict.module->parameters()) p.data().zero_();
+    CHECK(attention::load_weights(*from_script.module, c.weights_path).format == "torchscript");
+    CHECK(attention::load_weights(*from_state_dict.module, c.state_dict_path).format ==
+          "state_dict");
+    const auto a = snapshot(*from_script.module), b = snapshot(*from_state_dict.module);
+    for (size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
+  }
+}
+
+TEST_CASE("golden harness: a weight perturbed by 1e-3 is reported as a mismatch", "[golden]") {
+  for (const char* name : {"self_batched_T6_float32", "cross_batched_T37_float64"}) {
+    INFO(name);
+    const auto cases = golden::read_manifest(golden::directory());
+    auto it =
+        std::find_if(cases.begin(), cases.end(), [&](const auto& c) { return c.name == name; });
+    REQUIRE(it != cases.end());
+    auto m = golden::make_module(*it);
+    attention::load_weights(*m.module, it->weights_path);
+    {
+      torch::NoGradGuard no_grad;
+      m.module->named_parameters()["W_query"][0][0] += 1e-3;
+    }
+    const auto result = golden::compare(*it, m, golden::read_tensors(*it));
+    REQUIRE_FALSE(result.failures.empty());
+    CHECK_THAT(result.failures.front(), Catch::StartsWith("output: max |diff|"));
+    CHECK(result.max_abs_diff > it->atol);
+  }
+}
