@@ -46,9 +46,11 @@ def case_list():
     """Every case: name, module, constructor args, input shapes, dtype, input magnitude."""
     cases = []
 
-    def add(name, module, args, shapes, dtype="float32", magnitude=1.0, article=False):
+    def add(name, module, args, shapes, dtype="float32", magnitude=1.0, article=False,
+            forward=None, against="reference"):
         cases.append(dict(name=name, module=module, args=args, shapes=shapes, dtype=dtype,
-                          magnitude=magnitude, article=article))
+                          magnitude=magnitude, article=article, forward=forward or {},
+                          against=against))
 
     # The article's own configurations, on its embedded sentence.
     add("article_self_attention", "SelfAttention", dict(d_in=3, d_out_kq=2, d_out_v=4), [[6, 3]],
@@ -101,6 +103,51 @@ def case_list():
         add(f"saturated_wrapper_{dtype}", "MultiHeadAttentionWrapper",
             dict(d_in=4, d_out_kq=3, d_out_v=2, num_heads=2), [[2, 6, 4]], dtype, magnitude=30.0)
 
+    # The book's MultiHeadAttention, and what the C++ fused module adds to it.
+    def mha(d_in, d_out, heads, **kw):
+        args = dict(d_in=d_in, d_out=d_out, context_length=kw.pop("context_length", 64),
+                    dropout=0.0, num_heads=heads, qkv_bias=kw.pop("qkv_bias", False),
+                    num_kv_heads=kw.pop("num_kv_heads", heads), causal=kw.pop("causal", True),
+                    d_in_kv=kw.pop("d_in_kv", d_in))
+        assert not kw
+        return args
+
+    for dtype in ("float32", "float64"):
+        add(f"mha_causal_{dtype}", "MultiHeadAttention", mha(8, 8, 2), [[2, 6, 8]], dtype)
+        add(f"mha_gqa_2_kv_heads_{dtype}", "MultiHeadAttention", mha(12, 16, 4, num_kv_heads=2),
+            [[2, 37, 12]], dtype)
+    add("mha_not_causal", "MultiHeadAttention", mha(8, 12, 3, causal=False), [[3, 7, 8]])
+    add("mha_qkv_bias", "MultiHeadAttention", mha(8, 8, 4, qkv_bias=True), [[2, 6, 8]])
+    add("mha_mqa_1_kv_head", "MultiHeadAttention", mha(8, 16, 4, num_kv_heads=1), [[2, 9, 8]])
+    add("mha_gqa_T1", "MultiHeadAttention", mha(8, 16, 4, num_kv_heads=2), [[3, 1, 8]])
+    add("mha_T128", "MultiHeadAttention", mha(16, 16, 4, context_length=128), [[1, 128, 16]])
+    add("mha_cross_attention", "MultiHeadAttention", mha(6, 8, 2, causal=False, d_in_kv=10),
+        [[2, 5, 6], [2, 9, 10]], forward=dict(context=True))
+    add("mha_cross_gqa_bias", "MultiHeadAttention",
+        mha(6, 12, 6, causal=False, d_in_kv=4, num_kv_heads=3, qkv_bias=True),
+        [[2, 5, 6], [2, 3, 4]], "float64", forward=dict(context=True))
+    add("mha_key_padding_mask", "MultiHeadAttention", mha(8, 8, 2), [[3, 7, 8]],
+        forward=dict(key_padding_mask=True))
+    add("mha_not_causal_attn_mask_and_padding", "MultiHeadAttention", mha(8, 8, 2, causal=False),
+        [[3, 7, 8]], "float64", forward=dict(key_padding_mask=True, attn_mask=True))
+    add("mha_need_weights_averaged", "MultiHeadAttention", mha(8, 8, 4), [[2, 6, 8]],
+        forward=dict(need_weights=True, average_attn_weights=True))
+    add("mha_need_weights_per_head", "MultiHeadAttention", mha(8, 8, 4, num_kv_heads=2),
+        [[2, 6, 8]], forward=dict(need_weights=True, average_attn_weights=False))
+    add("mha_saturated", "MultiHeadAttention", mha(8, 8, 2), [[2, 6, 8]], magnitude=30.0)
+
+    # The same weights in torch.nn.MultiheadAttention (bool masks: true = masked out).
+    add("torch_mha_causal_weights", "MultiHeadAttention", mha(8, 8, 2), [[2, 6, 8]],
+        forward=dict(need_weights=True, average_attn_weights=True), against="torch")
+    add("torch_mha_padding_no_weights", "MultiHeadAttention", mha(8, 8, 4, causal=False),
+        [[3, 7, 8]], forward=dict(key_padding_mask=True), against="torch")
+    add("torch_mha_attn_mask_per_head", "MultiHeadAttention", mha(12, 12, 3, causal=False),
+        [[2, 5, 12]], "float64",
+        forward=dict(attn_mask=True, key_padding_mask=True, need_weights=True,
+                     average_attn_weights=False), against="torch")
+    add("torch_mha_bias_causal_padding", "MultiHeadAttention", mha(8, 8, 2, qkv_bias=True),
+        [[2, 9, 8]], forward=dict(key_padding_mask=True, need_weights=True), against="torch")
+
     for i, case in enumerate(cases):
         case["seed"] = 123 if case["article"] else 1000 + i
     return cases
@@ -120,26 +167,118 @@ def make_inputs(case, dtype):
             for shape in case["shapes"]]
 
 
+
+def input_names(case):
+    if case["module"] != "MultiHeadAttention":
+        return INPUT_NAMES.get(case["module"], ["x"])
+    forward = case["forward"]
+    return ["x"] + [name for name in ("context", "key_padding_mask", "attn_mask") if forward.get(name)]
+
+
+def make_masks(case, inputs):
+    """Key padding (true = padding, at the end of each sequence) and a random attention mask,
+    both leaving every query at least one key."""
+    forward, masks = case["forward"], {}
+    x = inputs["x"]
+    keys = inputs.get("context", x)
+    b, t_q, t_k = x.shape[0], x.shape[1], keys.shape[1]
+    torch.manual_seed(case["seed"] + 3)
+    if forward.get("key_padding_mask"):
+        lengths = torch.randint(1, t_k + 1, (b,))
+        lengths[0] = t_k
+        masks["key_padding_mask"] = torch.arange(t_k)[None, :] >= lengths[:, None]
+    if forward.get("attn_mask"):
+        mask = torch.rand(t_q, t_k) < 0.3
+        mask[:, 0] = False
+        masks["attn_mask"] = mask
+    return masks
+
+
+def torch_mha_twin(module):
+    """torch.nn.MultiheadAttention holding the book-style module's weights."""
+    twin = torch.nn.MultiheadAttention(module.d_out, module.num_heads, bias=True, batch_first=True)
+    twin = twin.to(module.out_proj.weight.dtype)
+    with torch.no_grad():
+        twin.in_proj_weight.copy_(torch.cat(
+            [module.W_query.weight, module.W_key.weight, module.W_value.weight]))
+        if module.W_query.bias is not None:
+            twin.in_proj_bias.copy_(torch.cat(
+                [module.W_query.bias, module.W_key.bias, module.W_value.bias]))
+        else:
+            twin.in_proj_bias.zero_()
+        twin.out_proj.weight.copy_(module.out_proj.weight)
+        twin.out_proj.bias.copy_(module.out_proj.bias)
+    return twin
+
+
+def run_mha(case, module, inputs, masks):
+    """Output and weights of the case's forward, from the book-style reference or from
+    torch.nn.MultiheadAttention; returns also a function giving the gradients by C++ name."""
+    forward = case["forward"]
+    x, context = inputs["x"], inputs.get("context")
+    padding, attn_mask = masks.get("key_padding_mask"), masks.get("attn_mask")
+    need_weights = forward.get("need_weights", False)
+    average = forward.get("average_attn_weights", True)
+    if case["against"] == "torch":
+        twin = torch_mha_twin(module)
+        t = x.shape[1]
+        combined = attn_mask
+        if case["args"]["causal"]:
+            causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+            combined = causal if combined is None else combined | causal
+        output, weights = twin(x, x, x, key_padding_mask=padding, attn_mask=combined,
+                               need_weights=need_weights, average_attn_weights=average)
+
+        def grads():
+            q, k, v = twin.in_proj_weight.grad.chunk(3)
+            out = {"W_query.weight": q, "W_key.weight": k, "W_value.weight": v,
+                   "out_proj.weight": twin.out_proj.weight.grad,
+                   "out_proj.bias": twin.out_proj.bias.grad}
+            if module.W_query.bias is not None:
+                bq, bk, bv = twin.in_proj_bias.grad.chunk(3)
+                out.update({"W_query.bias": bq, "W_key.bias": bk, "W_value.bias": bv})
+            return out
+        return output, weights, grads
+    output = module(x, context, padding, attn_mask)
+    weights = None
+    if need_weights:
+        with torch.no_grad():
+            weights, _ = module.attention_weights(x, context, padding, attn_mask)
+            if average:
+                weights = weights.mean(dim=1)
+    return output, weights, lambda: {n: p.grad for n, p in module.named_parameters()}
+
+
 def run_case(case):
     """The module, and every tensor of the case: inputs, output, upstream gradient, gradients."""
     dtype = DTYPES[case["dtype"]]
     module = reference.build(case["module"], case["args"], case["seed"], dtype)
-    names = INPUT_NAMES.get(case["module"], ["x"])
-    inputs = [t.requires_grad_() for t in make_inputs(case, dtype)]
-    output = module(*inputs)
+    names = input_names(case)
+    float_inputs = dict(zip(names, [t.requires_grad_() for t in make_inputs(case, dtype)]))
+    weights = None
+    if case["module"] == "MultiHeadAttention":
+        masks = make_masks(case, float_inputs)
+        output, weights, grads = run_mha(case, module, float_inputs, masks)
+    else:
+        masks = {}
+        output = module(*float_inputs.values())
+        grads = lambda: {n: p.grad for n, p in module.named_parameters()}  # noqa: E731
     torch.manual_seed(case["seed"] + 2)
     grad_output = torch.randn(output.shape, dtype=torch.float64).to(dtype)
     output.backward(grad_output)
 
     tensors = {}
-    for name, t in zip(names, inputs):
+    for name, t in float_inputs.items():
         tensors[f"input.{name}"] = t.detach().clone()
         tensors[f"grad.{name}"] = t.grad.detach().clone()
+    for name, t in masks.items():
+        tensors[f"input.{name}"] = t.clone()
     tensors["output"] = output.detach().clone()
+    if weights is not None:
+        tensors["weights"] = weights.detach().clone()
     tensors["grad_output"] = grad_output
-    for name, p in module.named_parameters():
-        tensors[f"grad.{name}"] = p.grad.detach().clone()
-        p.grad = None
+    for name, g in grads().items():
+        tensors[f"grad.{name}"] = g.detach().clone()
     return module, tensors
 
 
@@ -158,7 +297,9 @@ def write(out_dir):
             "args": case["args"],
             "seed": case["seed"],
             "dtype": case["dtype"],
-            "inputs": INPUT_NAMES.get(case["module"], ["x"]),
+            "inputs": input_names(case),
+            "forward": case["forward"],
+            "against": case["against"],
             "shapes": {k: list(v.shape) for k, v in tensors.items()},
             "input_magnitude": case["magnitude"],
             "tolerance": TOLERANCE[case["dtype"]],

@@ -30,7 +30,7 @@ void CrossAttentionImpl::pretty_print(std::ostream& stream) const {
 torch::Tensor CrossAttentionImpl::forward(const torch::Tensor& x_1, const torch::Tensor& x_2) {
   detail::check_module_input(x_1, options.d_in(), W_query, kName, "x_1");
   detail::check_module_input(x_2, options.d_in_kv(), W_key, kName, "x_2");
-  detail::check_same_batch(x_1, x_2, kName);
+  detail::check_same_batch(x_1, x_2, kName, "x_1", "x_2");
   auto queries = x_1.matmul(W_query);
   auto keys = x_2.matmul(W_key);
   auto values = x_2.matmul(W_value);

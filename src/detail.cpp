@@ -23,10 +23,20 @@ void check_module_input(const torch::Tensor& x, int64_t d_in, const torch::Tenso
               parameter.device(), " (the parameters' device), got ", x.device());
 }
 
-void check_same_batch(const torch::Tensor& x_1, const torch::Tensor& x_2, const char* module) {
-  TORCH_CHECK_VALUE(x_1.dim() == x_2.dim() && (x_1.dim() == 2 || x_1.size(0) == x_2.size(0)),
-                    module, ": expected x_1 and x_2 with the same batch size, got x_1 ",
-                    shape_str(x_1.sizes()), " and x_2 ", shape_str(x_2.sizes()));
+bool broadcastable_to(c10::IntArrayRef from, c10::IntArrayRef to) {
+  if (from.size() > to.size()) return false;
+  for (size_t i = 1; i <= from.size(); ++i) {
+    const int64_t f = from[from.size() - i], t = to[to.size() - i];
+    if (f != t && f != 1) return false;
+  }
+  return true;
+}
+
+void check_same_batch(const torch::Tensor& a, const torch::Tensor& b, const char* module,
+                      const char* name_a, const char* name_b) {
+  TORCH_CHECK_VALUE(a.dim() == b.dim() && (a.dim() == 2 || a.size(0) == b.size(0)), module,
+                    ": expected ", name_a, " and ", name_b, " with the same batch size, got ",
+                    name_a, " ", shape_str(a.sizes()), " and ", name_b, " ", shape_str(b.sizes()));
 }
 
 void check_positive(int64_t value, const char* name, const char* module) {

@@ -19,8 +19,13 @@ std::string shape_str(c10::IntArrayRef sizes);
 void check_module_input(const torch::Tensor& x, int64_t d_in, const torch::Tensor& parameter,
                         const char* module, const char* what);
 
-/// Checks that the batch dimensions of two module inputs agree.
-void check_same_batch(const torch::Tensor& x_1, const torch::Tensor& x_2, const char* module);
+/// True when a tensor of shape `from` broadcasts to `to` without changing `to`.
+bool broadcastable_to(c10::IntArrayRef from, c10::IntArrayRef to);
+
+/// Checks that two module inputs have the same rank and batch size; `names` is how messages call
+/// them ("x_1 and x_2").
+void check_same_batch(const torch::Tensor& a, const torch::Tensor& b, const char* module,
+                      const char* name_a, const char* name_b);
 
 /// Checks that a constructor argument is positive.
 void check_positive(int64_t value, const char* name, const char* module);

@@ -9,15 +9,6 @@ namespace {
 
 constexpr const char* kName = "attention::functional::scaled_dot_product_attention";
 
-bool broadcastable_to(c10::IntArrayRef from, c10::IntArrayRef to) {
-  if (from.size() > to.size()) return false;
-  for (size_t i = 1; i <= from.size(); ++i) {
-    const int64_t f = from[from.size() - i], t = to[to.size() - i];
-    if (f != t && f != 1) return false;
-  }
-  return true;
-}
-
 void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                   const ScaledDotProductAttentionOptions& options) {
   using detail::shape_str;
@@ -61,7 +52,7 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::T
               ", got ", mask.device());
   auto scores = q.sizes().vec();
   scores.back() = k.size(-2);
-  TORCH_CHECK_VALUE(broadcastable_to(mask.sizes(), scores), kName,
+  TORCH_CHECK_VALUE(detail::broadcastable_to(mask.sizes(), scores), kName,
                     ": expected attn_mask broadcastable to the scores ", shape_str(scores),
                     ", got ", shape_str(mask.sizes()));
 }

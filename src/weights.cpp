@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 
 namespace attention {
@@ -80,6 +81,22 @@ NamedTensors read_weights(const std::string& path, std::string& format) {
   }
 }
 
+// Full names of the buffers that the module and its submodules derive themselves.
+std::set<std::string> derived_names(const torch::nn::Module& module) {
+  std::set<std::string> names;
+  auto add = [&](const torch::nn::Module& m, const std::string& prefix) {
+    if (const auto* derived = dynamic_cast<const DerivedBuffers*>(&m)) {
+      for (const auto& name : derived->derived_buffer_names()) names.insert(prefix + name);
+    }
+  };
+  add(module, "");
+  // include_self=false: the module itself need not live in a shared_ptr.
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    add(*item.value(), item.key() + ".");
+  }
+  return names;
+}
+
 NamedTensors module_tensors(const torch::nn::Module& module) {
   NamedTensors out;
   for (const auto& p : module.named_parameters()) out.emplace_back(p.key(), p.value());
@@ -124,8 +141,10 @@ LoadReport load_weights(torch::nn::Module& module, const std::string& path,
       copies.emplace_back(target, value);
     }
   }
+  const auto derived = derived_names(module);
   for (const auto& [name, value] : file) {
-    if (by_name.count(name)) report.unexpected.push_back(name);
+    if (!by_name.count(name)) continue;
+    (derived.count(name) ? report.derived : report.unexpected).push_back(name);
   }
   if (options.strict()) {
     if (!report.missing.empty()) {

@@ -4,9 +4,12 @@
 /// Umbrella header: everything the library offers.
 
 #include <attention/causal_self_attention.h>
+#include <attention/conversions.h>
 #include <attention/cross_attention.h>
 #include <attention/format.h>
 #include <attention/functional.h>
+#include <attention/kv_cache.h>
+#include <attention/multi_head_attention.h>
 #include <attention/multi_head_attention_wrapper.h>
 #include <attention/self_attention.h>
 #include <attention/weights.h>

@@ -11,6 +11,16 @@
 
 namespace attention {
 
+/// Implemented by modules that compute some of their Python twin's buffers themselves (the book's
+/// causal `mask`, say). load_weights() skips those names in a file and lists them in
+/// LoadReport::derived.
+class DerivedBuffers {
+ public:
+  virtual ~DerivedBuffers() = default;
+  /// Names relative to the module.
+  virtual std::vector<std::string> derived_buffer_names() const = 0;
+};
+
 /// Options of load_weights().
 struct LoadOptions {
   /// When true (the default) every parameter and buffer of the module must be in the file and
@@ -31,6 +41,8 @@ struct LoadReport {
   std::vector<std::string> missing;
   /// The file's names that the module lacks (non-strict loading only).
   std::vector<std::string> unexpected;
+  /// The file's names that the module derives itself (see DerivedBuffers), skipped.
+  std::vector<std::string> derived;
 };
 
 /// Copies every parameter and buffer of a weight file into `module`, by name.

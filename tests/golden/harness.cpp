@@ -34,6 +34,7 @@ std::vector<Case> read_manifest(const std::string& dir) {
     c.seed = entry.at("seed");
     c.dtype = entry.at("dtype") == "float64" ? torch::kDouble : torch::kFloat;
     c.inputs = entry.at("inputs").get<std::vector<std::string>>();
+    c.forward = entry.at("forward");
     c.atol = entry.at("tolerance").at("atol");
     c.rtol = entry.at("tolerance").at("rtol");
     c.weights_path = dir + "/" + entry.at("weights").get<std::string>();
@@ -44,28 +45,72 @@ std::vector<Case> read_manifest(const std::string& dir) {
   return cases;
 }
 
+namespace {
+
+using Output = attention::functional::AttentionOutput;
+
+template <typename M, typename F>
+Module wrap(M module, F forward) {
+  return {module.ptr(), [module, forward](const Module::Inputs& in) mutable -> Output {
+            return forward(module, in);
+          }};
+}
+
+Module make_multi_head_attention(const Case& c) {
+  const auto& a = c.args;
+  attention::MultiHeadAttention mha(
+      attention::MultiHeadAttentionOptions(a.at("d_in"), a.at("d_out"), a.at("num_heads"))
+          .context_length(a.at("context_length"))
+          .dropout(a.at("dropout"))
+          .qkv_bias(a.at("qkv_bias"))
+          .num_kv_heads(a.at("num_kv_heads"))
+          .causal(a.at("causal"))
+          .d_in_kv(a.at("d_in_kv")));
+  const auto f = c.forward;
+  return wrap(mha, [f](attention::MultiHeadAttention& m, const Module::Inputs& in) {
+    auto options = attention::MultiHeadAttentionForwardOptions()
+                       .need_weights(f.value("need_weights", false))
+                       .average_attn_weights(f.value("average_attn_weights", true));
+    for (const auto& [name, tensor] : in) {
+      if (name == "context") options.context(tensor);
+      if (name == "key_padding_mask") options.key_padding_mask(tensor);
+      if (name == "attn_mask") options.attn_mask(tensor);
+    }
+    return m(in.at("x"), options);
+  });
+}
+
+}  // namespace
+
 Module make_module(const Case& c) {
   const auto& a = c.args;
   auto arg = [&](const char* name) { return a.at(name).get<int64_t>(); };
   torch::manual_seed(c.seed);
   Module m;
   if (c.module == "SelfAttention") {
-    attention::SelfAttention sa(arg("d_in"), arg("d_out_kq"), arg("d_out_v"));
-    m = {sa.ptr(), [sa](const std::vector<torch::Tensor>& x) mutable { return sa(x[0]); }};
+    m = wrap(attention::SelfAttention(arg("d_in"), arg("d_out_kq"), arg("d_out_v")),
+             [](auto& sa, const Module::Inputs& in) {
+               return Output{sa(in.at("x")), {}};
+             });
   } else if (c.module == "MultiHeadAttentionWrapper") {
-    attention::MultiHeadAttentionWrapper mha(arg("d_in"), arg("d_out_kq"), arg("d_out_v"),
-                                             arg("num_heads"));
-    m = {mha.ptr(), [mha](const std::vector<torch::Tensor>& x) mutable { return mha(x[0]); }};
+    m = wrap(attention::MultiHeadAttentionWrapper(arg("d_in"), arg("d_out_kq"), arg("d_out_v"),
+                                                  arg("num_heads")),
+             [](auto& mha, const Module::Inputs& in) {
+               return Output{mha(in.at("x")), {}};
+             });
   } else if (c.module == "CausalSelfAttention") {
-    attention::CausalSelfAttention causal(arg("d_in"), arg("d_out_kq"), arg("d_out_v"));
-    m = {causal.ptr(),
-         [causal](const std::vector<torch::Tensor>& x) mutable { return causal(x[0]); }};
+    m = wrap(attention::CausalSelfAttention(arg("d_in"), arg("d_out_kq"), arg("d_out_v")),
+             [](auto& causal, const Module::Inputs& in) {
+               return Output{causal(in.at("x")), {}};
+             });
   } else if (c.module == "CrossAttention") {
     attention::CrossAttentionOptions options(arg("d_in"), arg("d_out_kq"), arg("d_out_v"));
     if (a.contains("d_in_kv")) options.d_in_kv(arg("d_in_kv"));
-    attention::CrossAttention cross(options);
-    m = {cross.ptr(),
-         [cross](const std::vector<torch::Tensor>& x) mutable { return cross(x[0], x[1]); }};
+    m = wrap(attention::CrossAttention(options), [](auto& cross, const Module::Inputs& in) {
+      return Output{cross(in.at("x_1"), in.at("x_2")), {}};
+    });
+  } else if (c.module == "MultiHeadAttention") {
+    m = make_multi_head_attention(c);
   } else {
     TORCH_CHECK(false, "golden: case ", c.name, " names an unknown module ", c.module);
   }
@@ -106,18 +151,21 @@ void check_close(const std::string& what, const torch::Tensor& actual,
 }  // namespace
 
 Comparison compare(const Case& c, Module& m, const std::map<std::string, torch::Tensor>& golden) {
-  std::vector<torch::Tensor> inputs;
+  Module::Inputs inputs;
   for (const auto& name : c.inputs) {
-    inputs.push_back(golden.at("input." + name).clone().requires_grad_(true));
+    auto input = golden.at("input." + name).clone();
+    inputs[name] = input.is_floating_point() ? input.requires_grad_(true) : input;
   }
   for (auto& p : m.module->parameters()) p.mutable_grad() = torch::Tensor();
   Comparison result;
-  auto output = m.forward(inputs);
-  check_close("output", output, golden.at("output"), c, result);
-  output.backward(golden.at("grad_output"));
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_close("grad." + c.inputs[i], inputs[i].grad(), golden.at("grad." + c.inputs[i]), c,
-                result);
+  const auto out = m.forward(inputs);
+  check_close("output", out.output, golden.at("output"), c, result);
+  if (golden.count("weights")) check_close("weights", out.weights, golden.at("weights"), c, result);
+  out.output.backward(golden.at("grad_output"));
+  for (const auto& [name, input] : inputs) {
+    if (input.requires_grad()) {
+      check_close("grad." + name, input.grad(), golden.at("grad." + name), c, result);
+    }
   }
   for (const auto& p : m.module->named_parameters()) {
     check_close("grad." + p.key(), p.value().grad(), golden.at("grad." + p.key()), c, result);

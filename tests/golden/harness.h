@@ -3,8 +3,10 @@
 // The golden harness: builds a module the way a golden case describes it, runs forward and
 // backward on the case's inputs, and compares with what Python computed.
 
+#include <attention/functional.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
+
 #include <nlohmann/json.hpp>
 
 #include <functional>
@@ -22,7 +24,11 @@ struct Case {
   nlohmann::json args;
   int64_t seed = 0;
   torch::Dtype dtype = torch::kFloat;
+  /// Inputs in the order forward takes them; floating ones get gradients, bool ones are masks.
   std::vector<std::string> inputs;
+  /// MultiHeadAttention's per-call options: context, key_padding_mask, attn_mask, need_weights,
+  /// average_attn_weights.
+  nlohmann::json forward;
   double atol = 0, rtol = 0;
   std::string weights_path;
   std::string tensors_path;
@@ -36,10 +42,12 @@ std::string& selected_case();
 
 std::vector<Case> read_manifest(const std::string& dir);
 
-/// A module built from a case's constructor arguments, with a forward over the case's inputs.
+/// A module built from a case's constructor arguments, with a forward over the case's inputs
+/// (by name) that returns the output and, when the case asks for them, the attention weights.
 struct Module {
+  using Inputs = std::map<std::string, torch::Tensor>;
   std::shared_ptr<torch::nn::Module> module;
-  std::function<torch::Tensor(const std::vector<torch::Tensor>&)> forward;
+  std::function<attention::functional::AttentionOutput(const Inputs&)> forward;
 };
 /// Seeded with the case's seed right before construction, then cast to the case's dtype.
 Module make_module(const Case& c);
@@ -52,8 +60,9 @@ struct Comparison {
   std::vector<std::string> failures;  // "<tensor>: max |diff| <d> beyond tolerance"
 };
 
-/// Runs forward and backward of `m` on the case's inputs and compares the output and the gradient
-/// of every input and parameter with Python's, within the case's tolerance.
+/// Runs forward and backward of `m` on the case's inputs and compares the output, the attention
+/// weights when the case has them, and the gradient of every floating input and every parameter
+/// with Python's, within the case's tolerance.
 Comparison compare(const Case& c, Module& m, const std::map<std::string, torch::Tensor>& golden);
 
 }  // namespace golden

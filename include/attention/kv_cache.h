@@ -1,0 +1,49 @@
+#pragma once
+
+/// \file
+/// A key/value cache for incremental decoding.
+
+#include <torch/types.h>
+
+#include <utility>
+
+namespace attention {
+
+/// Keys and values of the tokens seen so far, in storage preallocated to a maximum length.
+///
+/// The storage, (B, Hkv, max_length, head_dim) for keys and for values, is allocated on the first
+/// append, with that append's batch size, heads, head size, dtype and device; every later append
+/// must match them. reset() empties the cache and keeps the storage. The cache is for inference:
+/// it stores detached copies, so no gradient flows through earlier steps.
+///
+///     attention::KVCache cache(/*max_length=*/1024);
+///     for (...) out = mha(next_tokens, MultiHeadAttentionForwardOptions().kv_cache(&cache));
+class KVCache {
+ public:
+  explicit KVCache(int64_t max_length);
+
+  /// Appends keys and values (B, Hkv, T_new, head_dim) and returns views of everything cached,
+  /// (B, Hkv, length(), head_dim). Throws c10::ValueError when the tokens would not fit, or when
+  /// the shape, dtype or device differs from the earlier appends.
+  std::pair<torch::Tensor, torch::Tensor> append(const torch::Tensor& keys,
+                                                 const torch::Tensor& values);
+
+  /// Forgets every cached token; the storage is kept for reuse.
+  void reset() { length_ = 0; }
+
+  /// Number of tokens cached.
+  int64_t length() const { return length_; }
+  int64_t max_length() const { return max_length_; }
+
+  /// Cached keys and values, (B, Hkv, length(), head_dim); undefined before the first append.
+  torch::Tensor keys() const;
+  torch::Tensor values() const;
+
+ private:
+  int64_t max_length_;
+  int64_t length_ = 0;
+  torch::Tensor keys_;
+  torch::Tensor values_;
+};
+
+}  // namespace attention

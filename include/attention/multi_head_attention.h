@@ -1,0 +1,109 @@
+#pragma once
+
+/// \file
+/// The production form of multi-head attention: fused projections, masks, KV cache, GQA.
+
+#include <attention/functional.h>
+#include <attention/kv_cache.h>
+#include <attention/weights.h>
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace attention {
+
+/// Options of MultiHeadAttention.
+struct MultiHeadAttentionOptions {
+  MultiHeadAttentionOptions(int64_t d_in, int64_t d_out, int64_t num_heads)
+      : d_in_(d_in),
+        d_out_(d_out),
+        num_heads_(num_heads),
+        num_kv_heads_(num_heads),
+        d_in_kv_(d_in) {}
+  /// Feature size of the input x.
+  TORCH_ARG(int64_t, d_in);
+  /// Feature size of the output; a multiple of num_heads (head_dim = d_out / num_heads).
+  TORCH_ARG(int64_t, d_out);
+  TORCH_ARG(int64_t, num_heads);
+  /// Longest sequence of keys accepted (cache included); 0 accepts any length.
+  TORCH_ARG(int64_t, context_length) = 0;
+  /// Dropout on the attention weights, in training mode only.
+  TORCH_ARG(double, dropout) = 0.0;
+  /// Bias in the query, key and value projections (out_proj always has one).
+  TORCH_ARG(bool, qkv_bias) = false;
+  /// Key/value heads: num_heads (default) is multi-head attention, fewer is grouped-query
+  /// attention, 1 is multi-query attention. Must divide num_heads.
+  TORCH_ARG(int64_t, num_kv_heads);
+  /// Hide later keys from each query, as the book's class does (default true).
+  TORCH_ARG(bool, causal) = true;
+  /// Feature size of `context` for cross-attention (default d_in).
+  TORCH_ARG(int64_t, d_in_kv);
+};
+
+/// Per-call options of MultiHeadAttention::forward.
+struct MultiHeadAttentionForwardOptions {
+  // TORCH_ARG pastes its type textually: `const KVCache*&` would point to a const cache.
+  using KVCachePointer = KVCache*;
+
+  /// Keys and values from this sequence (B, Tk, d_in_kv) instead of x: cross-attention.
+  TORCH_ARG(torch::Tensor, context) = {};
+  /// Bool (true = masked out) or additive float mask, broadcastable to (B, H, Tq, Tk).
+  TORCH_ARG(torch::Tensor, attn_mask) = {};
+  /// Bool (B, Tk), true = padding: those keys are hidden from every query.
+  TORCH_ARG(torch::Tensor, key_padding_mask) = {};
+  /// Append this call's keys and values to the cache and attend to everything cached. Not owned.
+  TORCH_ARG(KVCachePointer, kv_cache) = nullptr;
+  /// Return the attention weights as well.
+  TORCH_ARG(bool, need_weights) = false;
+  /// With need_weights: average the weights over heads, (B, Tq, Tk), instead of (B, H, Tq, Tk).
+  TORCH_ARG(bool, average_attn_weights) = true;
+};
+
+/// Multi-head attention as in Raschka's book (chapter 3): one projection for all heads,
+/// heads split with view/transpose, scaled dot-product attention, an output projection.
+///
+/// Submodules `W_query` (d_in -> d_out), `W_key` and `W_value` (d_in_kv -> num_kv_heads *
+/// head_dim) and `out_proj` (d_out -> d_out, with bias), created in that order with LibTorch's
+/// Linear initialization: the same seed gives the same weights as the book's Python class, and
+/// weights saved from that class load by name. The book's class also stores its causal mask as a
+/// buffer `mask`; this module computes the mask instead, and load_weights() accepts and skips a
+/// `mask` in a file.
+///
+/// Input (B, T, d_in) or (T, d_in); output of the same rank with d_out features.
+class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl>,
+                               public DerivedBuffers {
+ public:
+  MultiHeadAttentionImpl(int64_t d_in, int64_t d_out, int64_t num_heads)
+      : MultiHeadAttentionImpl(MultiHeadAttentionOptions(d_in, d_out, num_heads)) {}
+  explicit MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_);
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// Throws c10::ValueError for wrong shapes (naming the argument, what was expected and what
+  /// was given), c10::TypeError for wrong dtypes, c10::Error for another device.
+  functional::AttentionOutput forward(const torch::Tensor& x,
+                                      const MultiHeadAttentionForwardOptions& options = {});
+
+  /// `mask`: the book's causal-mask buffer, which this module derives.
+  std::vector<std::string> derived_buffer_names() const override { return {"mask"}; }
+
+  int64_t head_dim() const { return options.d_out() / options.num_heads(); }
+
+  MultiHeadAttentionOptions options;
+  torch::nn::Linear W_query{nullptr};
+  torch::nn::Linear W_key{nullptr};
+  torch::nn::Linear W_value{nullptr};
+  torch::nn::Linear out_proj{nullptr};
+};
+
+TORCH_MODULE(MultiHeadAttention);
+
+}  // namespace attention

@@ -1,0 +1,87 @@
+#include <attention/kv_cache.h>
+#include <attention/multi_head_attention.h>
+
+#include "helpers.h"
+
+#include <torch/torch.h>
+
+using attention::KVCache;
+using attention::MultiHeadAttention;
+using attention::MultiHeadAttentionForwardOptions;
+using attention::MultiHeadAttentionOptions;
+
+namespace {
+
+// Feeds x through the cache in chunks of `chunk` tokens and concatenates the outputs.
+torch::Tensor incremental(MultiHeadAttention& mha, const torch::Tensor& x, int64_t chunk,
+                          KVCache& cache) {
+  std::vector<torch::Tensor> outputs;
+  for (int64_t start = 0; start < x.size(1); start += chunk) {
+    const int64_t n = std::min(chunk, x.size(1) - start);
+    outputs.push_back(
+        mha(x.narrow(1, start, n), MultiHeadAttentionForwardOptions().kv_cache(&cache)).output);
+  }
+  return torch::cat(outputs, 1);
+}
+
+}  // namespace
+
+TEST_CASE("KVCache: token by token and in chunks equals one causal forward", "[kv_cache]") {
+  torch::NoGradGuard no_grad;
+  for (int64_t kv_heads : {4, 2, 1}) {
+    MultiHeadAttention mha(
+        MultiHeadAttentionOptions(12, 16, 4).num_kv_heads(kv_heads).qkv_bias(true));
+    auto x = torch::randn({3, 11, 12});
+    auto full = mha(x).output;
+    for (int64_t chunk : {1, 3, 4, 11}) {
+      INFO("num_kv_heads " << kv_heads << ", chunk " << chunk);
+      KVCache cache(16);
+      CHECK(test::max_abs_diff(incremental(mha, x, chunk, cache), full) < 1e-5);
+      CHECK(cache.length() == 11);
+    }
+  }
+}
+
+TEST_CASE("KVCache: reset empties it and keeps working; length and storage", "[kv_cache]") {
+  torch::NoGradGuard no_grad;
+  MultiHeadAttention mha(8, 8, 2);
+  KVCache cache(8);
+  CHECK(cache.length() == 0);
+  CHECK_FALSE(cache.keys().defined());
+  auto x = torch::randn({2, 5, 8});
+  incremental(mha, x, 2, cache);
+  CHECK(cache.length() == 5);
+  CHECK(cache.keys().sizes() == torch::IntArrayRef({2, 2, 5, 4}));
+  const void* storage = cache.keys().data_ptr();
+  cache.reset();
+  CHECK(cache.length() == 0);
+  auto again = incremental(mha, x, 5, cache);
+  CHECK(cache.keys().data_ptr() == storage);
+  CHECK(test::max_abs_diff(again, mha(x).output) < 1e-5);
+}
+
+TEST_CASE("KVCache: refuses to overflow and to mix shapes, with a clear error",
+          "[kv_cache][errors]") {
+  KVCache cache(4);
+  auto k = torch::randn({1, 2, 3, 4});
+  cache.append(k, k);
+  CHECK_THROWS_C10(cache.append(k, k), c10::ValueError,
+                   "attention::KVCache: cannot append 3 token(s) to the 3 cached: max_length is 4");
+  CHECK(cache.length() == 3);
+  CHECK_THROWS_C10(cache.append(torch::randn({2, 2, 1, 4}), torch::randn({2, 2, 1, 4})),
+                   c10::ValueError,
+                   "expected keys (1, 2, T, 4) like the cached ones, got (2, 2, 1, 4)");
+  CHECK_THROWS_C10(cache.append(k.narrow(2, 0, 1), torch::randn({1, 2, 2, 4})), c10::ValueError,
+                   "expected keys and values of one shape");
+  auto d = torch::randn({1, 2, 1, 4}, torch::kDouble);
+  CHECK_THROWS_C10(cache.append(d, d), c10::TypeError, "expected keys and values of dtype Float");
+  CHECK_THROWS_C10(KVCache(0), c10::ValueError, "expected max_length > 0, got 0");
+
+  MultiHeadAttention mha(MultiHeadAttentionOptions(8, 8, 2).context_length(6));
+  KVCache long_cache(10);
+  torch::NoGradGuard no_grad;
+  mha(torch::randn({1, 4, 8}), MultiHeadAttentionForwardOptions().kv_cache(&long_cache));
+  CHECK_THROWS_C10(
+      mha(torch::randn({1, 3, 8}), MultiHeadAttentionForwardOptions().kv_cache(&long_cache)),
+      c10::ValueError, "expected at most context_length = 6 keys, got 7");
+}
