@@ -3,6 +3,8 @@
 #include "detail.h"
 #include "kernels/kernels.h"
 
+#include <algorithm>
+
 namespace attention {
 namespace functional {
 namespace {
@@ -42,6 +44,8 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::T
                     shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
   TORCH_CHECK_VALUE(options.dropout_p() >= 0.0 && options.dropout_p() < 1.0, kName,
                     ": expected dropout_p in [0, 1), got ", options.dropout_p());
+  TORCH_CHECK_VALUE(options.block_size() > 0, kName, ": expected block_size > 0, got ",
+                    options.block_size());
 
   const torch::Tensor& mask = options.attn_mask();
   if (!mask.defined()) return;
@@ -57,6 +61,13 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::T
                     ", got ", shape_str(mask.sizes()));
 }
 
+bool uses_chunked(const torch::Tensor& q, const torch::Tensor& k,
+                  const ScaledDotProductAttentionOptions& options) {
+  if (options.need_weights() || options.dropout_p() > 0.0) return false;
+  const int64_t scores = q.numel() / std::max<int64_t>(q.size(-1), 1) * k.size(-2);
+  return scores >= kAutoChunkedScores;
+}
+
 }  // namespace
 
 AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
@@ -65,8 +76,15 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
   check_inputs(query, key, value, options);
   switch (options.backend()) {
     case Backend::Auto:
+      return uses_chunked(query, key, options)
+                 ? kernels::chunked(query, key, value, options, options.block_size())
+                 : kernels::math(query, key, value, options);
     case Backend::Math:
       return kernels::math(query, key, value, options);
+    case Backend::Chunked:
+      return kernels::chunked(query, key, value, options, options.block_size());
+    case Backend::Native:
+      return kernels::native(query, key, value, options);
   }
   TORCH_CHECK(false, kName, ": unknown backend");
 }

@@ -13,11 +13,21 @@ namespace functional {
 
 /// Which implementation computes the attention.
 enum class Backend {
-  /// Chooses by size and by what is requested (currently always Math).
+  /// Math when attention weights or dropout are requested or the scores are small; Chunked when
+  /// the whole score tensor would be large (see kAutoChunkedScores).
   Auto,
   /// softmax(Q Kᵀ · scale + mask) V on whole score matrices, exactly as the article writes it.
   Math,
+  /// Query and key blocks with an online softmax: memory linear in T, blocks above the causal
+  /// diagonal skipped, backward by recomputation. No attention weights, no dropout.
+  Chunked,
+  /// LibTorch's own kernel (at::scaled_dot_product_attention from 2.0, with its fused CPU flash
+  /// kernel; the composite math in 1.13). No attention weights.
+  Native,
 };
+
+/// Auto picks Chunked when the scores (..., H, Tq, Tk) would hold at least this many elements.
+constexpr int64_t kAutoChunkedScores = int64_t{1} << 20;
 
 /// Options of scaled_dot_product_attention().
 ///
@@ -39,6 +49,8 @@ struct ScaledDotProductAttentionOptions {
   /// Also return the attention weights, (..., H, Tq, Tk).
   TORCH_ARG(bool, need_weights) = false;
   TORCH_ARG(Backend, backend) = Backend::Auto;
+  /// Query and key block size of the Chunked backend.
+  TORCH_ARG(int64_t, block_size) = 128;
 };
 
 /// What scaled_dot_product_attention() returns.

@@ -13,9 +13,26 @@ functional::AttentionOutput math(const torch::Tensor& query, const torch::Tensor
                                  const torch::Tensor& value,
                                  const functional::ScaledDotProductAttentionOptions& options);
 
+/// Query and key blocks with an online softmax; never makes a Tq x Tk tensor. Differentiable
+/// (backward recomputes the blocks). No attention weights, no dropout.
+functional::AttentionOutput chunked(const torch::Tensor& query, const torch::Tensor& key,
+                                    const torch::Tensor& value,
+                                    const functional::ScaledDotProductAttentionOptions& options,
+                                    int64_t block_size);
+
+/// LibTorch's own scaled dot-product attention (the public one from 2.0, the private one in
+/// 1.13), adapted to this library's conventions. No attention weights.
+functional::AttentionOutput native(const torch::Tensor& query, const torch::Tensor& key,
+                                   const torch::Tensor& value,
+                                   const functional::ScaledDotProductAttentionOptions& options);
+
 /// The positions a query may not see, true = masked, shape (Tq, Tk); queries are the last Tq of
 /// the Tk positions.
 torch::Tensor causal_mask(int64_t t_q, int64_t t_k, const torch::Device& device);
+
+/// True for query rows (..., Tq, 1) whose keys are all hidden by `hidden` (bool, true = masked)
+/// and/or by -inf entries of the additive `float_mask`; undefined when neither is given.
+torch::Tensor dead_rows(const torch::Tensor& hidden, const torch::Tensor& float_mask);
 
 }  // namespace kernels
 }  // namespace attention

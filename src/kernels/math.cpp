@@ -42,6 +42,12 @@ Tensor causal_mask(int64_t t_q, int64_t t_k, const torch::Device& device) {
       .triu(t_k - t_q + 1);
 }
 
+Tensor dead_rows(const Tensor& hidden, const Tensor& float_mask) {
+  Tensor blocked = float_mask.defined() ? float_mask.isneginf() : hidden;
+  if (float_mask.defined() && hidden.defined()) blocked = blocked.logical_or(hidden);
+  return blocked.defined() ? blocked.all(-1, /*keepdim=*/true) : Tensor();
+}
+
 functional::AttentionOutput math(const Tensor& query, const Tensor& key, const Tensor& value,
                                  const functional::ScaledDotProductAttentionOptions& options) {
   const int64_t t_q = query.size(-2), t_k = key.size(-2);
@@ -68,9 +74,7 @@ functional::AttentionOutput math(const Tensor& query, const Tensor& key, const T
   // Such rows are computed on zeros (finite everywhere) and then zeroed.
   Tensor dead;
   if (mask.defined() || (options.is_causal() && t_q > t_k)) {
-    Tensor blocked = float_mask ? mask.isneginf() : hidden;
-    if (float_mask && hidden.defined()) blocked = blocked.logical_or(hidden);
-    dead = blocked.all(-1, /*keepdim=*/true);
+    dead = dead_rows(hidden, float_mask ? mask : Tensor());
     scores = scores.masked_fill(dead, 0.0);
   }
   Tensor weights = softmax_last_dim(scores);
