@@ -9,6 +9,8 @@ packages=(
   catch2 libfmt-dev nlohmann-json3-dev
   # Without OpenBLAS Debian's libtorch falls back to the reference BLAS, ~24x slower.
   libopenblas0-openmp
+  # scripts/bench.sh compares against Python with tcmalloc preloaded; matplotlib draws its plots.
+  libtcmalloc-minimal4 python3-matplotlib
 )
 
 missing=()

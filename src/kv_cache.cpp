@@ -48,6 +48,12 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& key
   return {this->keys(), this->values()};
 }
 
+void KVCache::truncate(int64_t length) {
+  TORCH_CHECK_VALUE(length >= 0 && length <= length_, kName, ": cannot truncate to ", length,
+                    " tokens: ", length_, " are cached");
+  length_ = length;
+}
+
 torch::Tensor KVCache::keys() const {
   return keys_.defined() ? keys_.narrow(2, 0, length_) : torch::Tensor();
 }

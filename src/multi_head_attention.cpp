@@ -118,7 +118,8 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
           .attn_mask(combine_masks(attn_mask, padding.defined() ? batched(padding) : padding))
           .is_causal(options.causal())
           .dropout_p(is_training() ? options.dropout() : 0.0)
-          .need_weights(forward_options.need_weights()));
+          .need_weights(forward_options.need_weights())
+          .backend(forward_options.backend()));
 
   auto context_vec = attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()});
   auto output = out_proj(context_vec);

@@ -76,6 +76,10 @@ TEST_CASE("KVCache: refuses to overflow and to mix shapes, with a clear error",
   auto d = torch::randn({1, 2, 1, 4}, torch::kDouble);
   CHECK_THROWS_C10(cache.append(d, d), c10::TypeError, "expected keys and values of dtype Float");
   CHECK_THROWS_C10(KVCache(0), c10::ValueError, "expected max_length > 0, got 0");
+  CHECK_THROWS_C10(cache.truncate(4), c10::ValueError, "cannot truncate to 4 tokens: 3 are cached");
+  cache.truncate(1);
+  CHECK(cache.length() == 1);
+  CHECK(torch::equal(cache.keys(), k.narrow(2, 0, 1)));
 
   MultiHeadAttention mha(MultiHeadAttentionOptions(8, 8, 2).context_length(6));
   KVCache long_cache(10);

@@ -50,7 +50,7 @@ struct ScaledDotProductAttentionOptions {
   TORCH_ARG(bool, need_weights) = false;
   TORCH_ARG(Backend, backend) = Backend::Auto;
   /// Query and key block size of the Chunked backend.
-  TORCH_ARG(int64_t, block_size) = 128;
+  TORCH_ARG(int64_t, block_size) = 256;
 };
 
 /// What scaled_dot_product_attention() returns.

@@ -31,6 +31,10 @@ class KVCache {
   /// Forgets every cached token; the storage is kept for reuse.
   void reset() { length_ = 0; }
 
+  /// Keeps the first `length` tokens and forgets the rest (to roll back rejected tokens, say).
+  /// Throws c10::ValueError unless 0 <= length <= length().
+  void truncate(int64_t length);
+
   /// Number of tokens cached.
   int64_t length() const { return length_; }
   int64_t max_length() const { return max_length_; }

@@ -64,6 +64,8 @@ struct MultiHeadAttentionForwardOptions {
   TORCH_ARG(bool, need_weights) = false;
   /// With need_weights: average the weights over heads, (B, Tq, Tk), instead of (B, H, Tq, Tk).
   TORCH_ARG(bool, average_attn_weights) = true;
+  /// The attention kernel (see functional::Backend).
+  TORCH_ARG(functional::Backend, backend) = functional::Backend::Auto;
 };
 
 /// Multi-head attention as in Raschka's book (chapter 3): one projection for all heads,

@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""The Python side of scripts/bench.sh: the same configurations as attention-bench, with the
+reference modules, torch.nn.MultiheadAttention and PyTorch's scaled dot-product attention.
+Prints one JSON record per measurement.
+
+    bench_python.py [--threads N] [--repeats N] [--quick] GROUP...
+    groups: matmul article raschka raschka-train long:T
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference  # noqa: E402
+
+ALLOCATOR = "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "glibc"
+
+
+def median_ms(fn, repeats):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def record(group, impl, pass_, t, ms, gflop, peak_mb=-1.0):
+    print(json.dumps({"lang": "python", "group": group, "impl": impl, "pass": pass_, "T": t,
+                      "ms": round(ms, 4), "gflops": round(gflop * 1e3 / ms, 2) if gflop else 0.0,
+                      "peak_mb": round(peak_mb, 1), "threads": torch.get_num_threads(),
+                      "allocator": ALLOCATOR}), flush=True)
+
+
+def progress(what):
+    print(f"bench_python: {what} ({ALLOCATOR})", file=sys.stderr, flush=True)
+
+
+def sdpa(q, k, v, causal):
+    if hasattr(F, "scaled_dot_product_attention"):  # public from PyTorch 2.0
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return F._scaled_dot_product_attention(q, k, v, None, 0.0, False, causal)[0]
+
+
+def mha_gflop(b, t, d, causal):
+    return (4.0 * 2 * b * t * d * d + 2.0 * 2 * b * t * t * d * (0.5 if causal else 1.0)) / 1e9
+
+
+def bench_matmul(args):
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    c = torch.empty(2048, 2048)
+    record("matmul", "mm_2048", "forward", 2048,
+           median_ms(lambda: torch.mm(a, b, out=c), args.repeats), 2.0 * 2048 ** 3 / 1e9)
+
+
+def bench_article(args):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(123)
+    sa = reference.SelfAttention(3, 2, 4)
+    x = torch.rand(6, 3)
+    calls = 200 if args.quick else 20000
+
+    def run():
+        for _ in range(calls):
+            sa(x)
+    with torch.no_grad():
+        ms = median_ms(run, args.repeats)
+    record("article", "python.self_attention", "forward", 6, ms * 1000.0 / calls, 0)  # us/call
+    torch.set_num_threads(threads)
+
+
+def bench_raschka(args, train):
+    b, t, d, h = (2, 128, 64, 4) if args.quick else (8, 1024, 768, 12)
+    group, pass_ = ("raschka-train", "forward+backward") if train else ("raschka", "forward")
+    repeats = max(1, args.repeats // 2)
+    torch.manual_seed(0)
+    x = torch.randn(b, t, d, requires_grad=train)
+    gflop = mha_gflop(b, t, d, True) * (3.0 if train else 1.0)
+    causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+
+    def run(impl, forward, flop=gflop):
+        progress(f"{group} {impl}")
+
+        def step():
+            y = forward()
+            if train:
+                y.sum().backward()
+        with torch.set_grad_enabled(train):
+            record(group, impl, pass_, t, median_ms(step, repeats), flop)
+
+    book = reference.MultiHeadAttention(d, d, t, 0.0, h)
+    run("python.book_mha", lambda: book(x))
+    nn_mha = torch.nn.MultiheadAttention(d, h, batch_first=True)
+    run("python.nn_mha", lambda: nn_mha(x, x, x, attn_mask=causal, need_weights=False)[0])
+    if not train:
+        wrapper = reference.MultiHeadAttentionWrapper(d, d // h, d // h, h)
+        run("python.wrapper", lambda: wrapper(x),
+            (3.0 * 2 * b * t * d * d + 2.0 * 2 * b * t * t * d) / 1e9)
+        q = torch.randn(b, h, t, d // h)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        run("python.core.sdpa", lambda: sdpa(q, k, v, True), 2.0 * b * t * t * d / 1e9)
+
+
+def bench_long(args, t):
+    with torch.no_grad():
+        q = torch.randn(1, 8, t, 64)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        ms = median_ms(lambda: sdpa(q, k, v, True), 1 if t >= 16384 else 2)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    record("long", "python.core.sdpa", "forward", t, ms, 2.0 * 8 * t * t * 64 / 1e9, peak)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("groups", nargs="+")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
+    torch.set_num_threads(args.threads)
+    print(f"bench_python: {torch.get_num_threads()} thread(s), torch {torch.__version__}, "
+          f"allocator {ALLOCATOR}", file=sys.stderr)
+    for group in args.groups:
+        if group == "matmul":
+            bench_matmul(args)
+        elif group == "article":
+            bench_article(args)
+        elif group in ("raschka", "raschka-train"):
+            bench_raschka(args, group == "raschka-train")
+        elif group.startswith("long:"):
+            bench_long(args, int(group.split(":")[1]))
+        else:
+            sys.exit(f"bench_python: unknown group {group}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""Turns the records of scripts/bench.sh (OUT/cpp.jsonl, OUT/python.jsonl) into OUT/results.json,
+OUT/table.md (the targets with their ratios, then every measurement) and OUT/*.png plots."""
+
+import json
+import os
+import sys
+
+
+def load(out):
+    records = []
+    for name in ("cpp.jsonl", "python.jsonl"):
+        path = os.path.join(out, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                records += [json.loads(line) for line in f if line.startswith("{")]
+    return records
+
+
+def find(records, group, impl, t=None, allocator="glibc"):
+    for r in records:
+        if (r["group"] == group and r["impl"] == impl and (t is None or r["T"] == t)
+                and r.get("allocator", "glibc") == allocator):
+            return r
+    return None
+
+
+def ratio(a, b, key="ms"):
+    return a[key] / b[key] if a and b and b[key] else None
+
+
+def fmt(x, digits=2):
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def targets(records):
+    rows = []
+
+    def target(name, value, limit, at_most=True):
+        met = None if value is None else (value <= limit if at_most else value >= limit)
+        rows.append((name, fmt(value), ("<= " if at_most else ">= ") + str(limit),
+                     {None: "not measured", True: "met", False: "missed"}[met]))
+
+    target("1. article SelfAttention forward, C++ / Python eager time per call",
+           ratio(find(records, "article", "cpp.self_attention"),
+                 find(records, "article", "python.self_attention")), 0.5)
+    auto = find(records, "raschka", "cpp.fused.auto")
+    target("2a. Raschka config, fused (Auto) / Python nn.MultiheadAttention with tcmalloc",
+           ratio(auto, find(records, "raschka", "python.nn_mha", allocator="tcmalloc")), 0.7)
+    target("2b. Raschka config, fused (Auto) / Python nn.MultiheadAttention, default allocator",
+           ratio(auto, find(records, "raschka", "python.nn_mha")), 0.2)
+    mm = find(records, "matmul", "mm_2048")
+    target("2c. Raschka config, fused (Auto) GFLOP/s / same-run matmul GFLOP/s",
+           ratio(auto, mm, "gflops"), 0.5, at_most=False)
+    longest = max((r["T"] for r in records if r["impl"] == "cpp.core.chunked" and r["group"] == "long"),
+                  default=None)
+    peak = find(records, "long", "cpp.core.chunked", longest)
+    target(f"3a. long context, chunked peak memory above inputs at T={longest} (MiB)",
+           peak["peak_mb"] if peak else None, 1024)
+    target("3b. long context T=8192, math peak / chunked peak",
+           ratio(find(records, "long", "cpp.core.math", 8192),
+                 find(records, "long", "cpp.core.chunked", 8192), "peak_mb"), 8, at_most=False)
+    steps = sorted((r["T"], r["ms"]) for r in records if r["impl"] == "cpp.fused.kv_cache_step")
+    growth = None
+    if len(steps) >= 2:
+        growth = (steps[-1][1] / steps[0][1]) / (steps[-1][0] / steps[0][0])
+    target("4a. KV-cache decode: (time growth) / (position growth), first to last position",
+           growth, 1.0)
+    target("4b. KV-cache decode at position 2048: recompute / cached step",
+           ratio(find(records, "decode", "cpp.fused.recompute", 2048),
+                 find(records, "decode", "cpp.fused.kv_cache_step", 2048)), 20, at_most=False)
+    return rows
+
+
+def table(records):
+    lines = ["| target | measured | goal | |", "| --- | --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(records)]
+    lines += ["", "| group | implementation | allocator | T | ms | GFLOP/s | peak MiB |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        unit = " (us/call)" if r["group"] == "article" else ""
+        peak = fmt(r["peak_mb"], 0) if r["peak_mb"] >= 0 else ""
+        lines.append(f"| {r['group']} | {r['impl']} | {r.get('allocator', 'glibc')} | {r['T']} | "
+                     f"{fmt(r['ms'], 3)}{unit} | {fmt(r['gflops'], 1)} | {peak} |")
+    threads = sorted({r["threads"] for r in records})
+    lines += ["", f"Threads: {', '.join(map(str, threads))}; BLAS: OpenBLAS (openmp); times are "
+              "medians of repeated runs after a warm-up."]
+    return "\n".join(lines) + "\n"
+
+
+def plots(records, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench_report: matplotlib missing, no plots", file=sys.stderr)
+        return
+    series = [("cpp.core.chunked", "C++ chunked"), ("cpp.core.math", "C++ math"),
+              ("python.core.sdpa", "Python SDPA")]
+    for key, label, name in (("ms", "time (ms)", "long_context_time.png"),
+                             ("peak_mb", "peak memory above inputs (MiB)", "long_context_memory.png")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for impl, legend in series:
+            points = sorted((r["T"], r[key]) for r in records
+                            if r["group"] == "long" and r["impl"] == impl and r[key] >= 0)
+            if points:
+                ax.plot(*zip(*points), marker="o", label=legend)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T (B=1, H=8, head size 64, causal)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, name), dpi=100)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for impl, legend in (("cpp.fused.kv_cache_step", "one token, KV cache"),
+                         ("cpp.fused.recompute", "recompute whole causal forward")):
+        points = sorted((r["T"], r["ms"]) for r in records if r["impl"] == impl)
+        if points:
+            ax.plot(*zip(*points), marker="o", label=legend)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("position (d=768, 12 heads)")
+    ax.set_ylabel("time per token (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "decode_time.png"), dpi=100)
+    plt.close(fig)
+
+
+def main(out):
+    records = load(out)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(records, f, indent=1)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(table(records))
+    plots(records, out)
+    print(f"bench_report: {len(records)} records; {out}/table.md and plots written")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench-results")

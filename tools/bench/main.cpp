@@ -1,0 +1,270 @@
+// attention-bench: times this library's modules and LibTorch's C++ MultiheadAttention in the
+// configurations of scripts/bench.sh, and prints one JSON record per measurement.
+//
+//   attention-bench [--threads N] [--repeats N] [--quick] GROUP...
+//   groups: matmul article raschka raschka-train decode
+//           long:IMPL:T  (IMPL chunked|math, one long-context measurement with its peak memory;
+//                         run it in a process of its own: the peak is the process's)
+
+#include <attention/attention.h>
+
+#include <ATen/Parallel.h>
+#include <fmt/core.h>
+#include <torch/torch.h>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using attention::functional::Backend;
+namespace F = attention::functional;
+
+struct Settings {
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int repeats = 5;
+  bool quick = false;
+};
+Settings settings;
+
+double median_ms(const std::function<void()>& fn, int repeats) {
+  fn();  // warm-up: first-touch page faults and lazy initialisation are not what is measured
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+double peak_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024.0;
+}
+
+std::string allocator() {
+  const char* preload = std::getenv("LD_PRELOAD");
+  return preload && std::string(preload).find("tcmalloc") != std::string::npos ? "tcmalloc"
+                                                                                : "glibc";
+}
+
+void record(const std::string& group, const std::string& impl, const std::string& pass, int64_t t,
+            double ms, double gflop, double peak_mb = -1) {
+  fmt::print(
+      "{{\"lang\": \"cpp\", \"group\": \"{}\", \"impl\": \"{}\", \"pass\": \"{}\", \"T\": {}, "
+      "\"ms\": {:.4f}, \"gflops\": {:.2f}, \"peak_mb\": {:.1f}, \"threads\": {}, "
+      "\"allocator\": \"{}\"}}\n",
+      group, impl, pass, t, ms, gflop > 0 ? gflop * 1000.0 / ms : 0.0, peak_mb, at::get_num_threads(),
+      allocator());
+  std::fflush(stdout);
+}
+
+void progress(const std::string& what) {
+  fmt::print(stderr, "attention-bench: {}\n", what);
+}
+
+// Multi-head attention FLOPs: four projections and, causal, half of QKᵀ and of AV.
+double mha_gflop(int64_t b, int64_t t, int64_t d, bool causal) {
+  const double proj = 4.0 * 2 * b * t * d * d;
+  const double core = 2.0 * 2 * b * t * t * d * (causal ? 0.5 : 1.0);
+  return (proj + core) / 1e9;
+}
+
+void bench_matmul() {
+  auto a = torch::randn({2048, 2048}), b = torch::randn({2048, 2048}),
+       c = torch::empty({2048, 2048});
+  const double ms = median_ms([&] { at::mm_out(c, a, b); }, settings.repeats);
+  record("matmul", "mm_2048", "forward", 2048, ms, 2.0 * 2048 * 2048 * 2048 / 1e9);
+}
+
+void bench_article() {
+  // The article's SelfAttention(3, 2, 4) on its 6 x 3 input, one thread: per-call overhead.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(123);
+  attention::SelfAttention sa(3, 2, 4);
+  auto x = torch::rand({6, 3});
+  const int calls = settings.quick ? 200 : 20000;
+  const double ms = median_ms(
+      [&] {
+        for (int i = 0; i < calls; ++i) sa(x);
+      },
+      settings.repeats);
+  record("article", "cpp.self_attention", "forward", 6, ms * 1000.0 / calls,
+         0);  // ms field: us/call
+  at::set_num_threads(threads);
+}
+
+struct Raschka {
+  int64_t b = 8, t = 1024, d = 768, h = 12;
+};
+
+void bench_raschka(bool train) {
+  Raschka c;
+  if (settings.quick) c = {2, 128, 64, 4};
+  const std::string pass = train ? "forward+backward" : "forward";
+  const std::string group = train ? "raschka-train" : "raschka";
+  const int repeats = std::max(1, settings.repeats / 2);
+  torch::manual_seed(0);
+  auto x = torch::randn({c.b, c.t, c.d}, torch::requires_grad(train));
+  torch::AutoGradMode grad_mode(train);
+  const double gflop = mha_gflop(c.b, c.t, c.d, true) * (train ? 3.0 : 1.0);
+  auto run = [&](const std::string& impl, const std::function<torch::Tensor()>& forward,
+                 double flop) {
+    progress(group + " " + impl);
+    const double ms = median_ms(
+        [&] {
+          auto y = forward();
+          if (train) y.sum().backward();
+        },
+        repeats);
+    record(group, impl, pass, c.t, ms, flop);
+  };
+
+  for (auto [backend, name] : {std::pair{Backend::Auto, "auto"},
+                               {Backend::Chunked, "chunked"},
+                               {Backend::Math, "math"},
+                               {Backend::Native, "native"}}) {
+    if (train && backend == Backend::Native) continue;  // no backward in 1.13's private kernel
+    attention::MultiHeadAttention mha(
+        attention::MultiHeadAttentionOptions(c.d, c.d, c.h).context_length(c.t));
+    const auto backend_copy = backend;
+    run(
+        std::string("cpp.fused.") + name,
+        [&] {
+          return mha(x, attention::MultiHeadAttentionForwardOptions().backend(backend_copy)).output;
+        },
+        gflop);
+  }
+  torch::nn::MultiheadAttention torch_mha(c.d, c.h);
+  auto causal = torch::zeros({c.t, c.t})
+                    .masked_fill(torch::ones({c.t, c.t}, torch::kBool).triu(1), -INFINITY);
+  run(
+      "cpp.torch_nn_mha",
+      [&] {
+        auto xt = x.transpose(0, 1);
+        return std::get<0>(torch_mha(xt, xt, xt, torch::Tensor(), /*need_weights=*/false, causal));
+      },
+      gflop);
+  if (!train) {
+    attention::MultiHeadAttentionWrapper wrapper(c.d, c.d / c.h, c.d / c.h, c.h);
+    run(
+        "cpp.wrapper", [&] { return wrapper(x); },
+        (3.0 * 2 * c.b * c.t * c.d * c.d + 2.0 * 2 * c.b * c.t * c.t * c.d) / 1e9);
+    auto q = torch::randn({c.b, c.h, c.t, c.d / c.h});
+    auto k = torch::randn_like(q), v = torch::randn_like(q);
+    for (auto [backend, name] : {std::pair{Backend::Chunked, "chunked"}, {Backend::Math, "math"}}) {
+      const auto backend_copy = backend;
+      run(
+          std::string("cpp.core.") + name,
+          [&] {
+            return F::scaled_dot_product_attention(
+                       q, k, v,
+                       F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend_copy))
+                .output;
+          },
+          2.0 * c.b * c.t * c.t * c.d / 1e9);
+    }
+  }
+}
+
+void bench_long(const std::string& impl, int64_t t) {
+  // B=1, H=8, head size 64, causal: the attention core alone.
+  torch::NoGradGuard no_grad;
+  auto q = torch::randn({1, 8, t, 64}), k = torch::randn_like(q), v = torch::randn_like(q);
+  const double base = peak_rss_mb();
+  const auto backend = impl == "math" ? Backend::Math : Backend::Chunked;
+  const double ms = median_ms(
+      [&] {
+        F::scaled_dot_product_attention(
+            q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend));
+      },
+      t >= 16384 ? 1 : 2);
+  record("long", "cpp.core." + impl, "forward", t, ms, 2.0 * 8 * t * t * 64 / 1e9,
+         peak_rss_mb() - base);
+}
+
+void bench_decode() {
+  // One new token against a KV cache at position P, against recomputing the causal forward.
+  const int64_t d = settings.quick ? 64 : 768, h = settings.quick ? 4 : 12;
+  torch::NoGradGuard no_grad;
+  attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(d, d, h));
+  std::vector<int64_t> positions = {128, 256, 512, 1024, 2048, 4096, 8192};
+  if (settings.quick) positions = {16, 32};
+  for (int64_t p : positions) {
+    progress("decode position " + std::to_string(p));
+    auto prefix = torch::randn({1, p, d}), token = torch::randn({1, 1, d});
+    attention::KVCache cache(p + 1);
+    mha(prefix, attention::MultiHeadAttentionForwardOptions().kv_cache(&cache));
+    const double step = median_ms(
+        [&] {
+          cache.truncate(p);
+          mha(token, attention::MultiHeadAttentionForwardOptions().kv_cache(&cache));
+        },
+        settings.repeats * 4);
+    record("decode", "cpp.fused.kv_cache_step", "forward", p, step, mha_gflop(1, 1, d, false));
+    auto whole = torch::cat({prefix, token}, 1);
+    const double full = median_ms([&] { mha(whole); }, std::max(1, settings.repeats / 2));
+    record("decode", "cpp.fused.recompute", "forward", p, full, mha_gflop(1, p + 1, d, true));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> groups;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--threads" && i + 1 < argc) {
+      settings.threads = std::atoi(argv[++i]);
+    } else if (arg == "--repeats" && i + 1 < argc) {
+      settings.repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--quick") {
+      settings.quick = true;
+      settings.repeats = 1;
+    } else if (arg == "--help" || arg == "-h") {
+      fmt::print(
+          "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
+          "groups: matmul article raschka raschka-train decode long:chunked|math:T\n");
+      return 0;
+    } else {
+      groups.push_back(arg);
+    }
+  }
+  at::set_num_threads(settings.threads);
+  fmt::print(stderr, "attention-bench: {} thread(s), LibTorch {}, allocator {}\n",
+             at::get_num_threads(), TORCH_VERSION, allocator());
+  for (const auto& g : groups) {
+    if (g == "matmul") {
+      bench_matmul();
+    } else if (g == "article") {
+      bench_article();
+    } else if (g == "raschka") {
+      bench_raschka(false);
+    } else if (g == "raschka-train") {
+      bench_raschka(true);
+    } else if (g == "decode") {
+      bench_decode();
+    } else if (g.rfind("long:", 0) == 0) {
+      const auto colon = g.find(':', 5);
+      bench_long(g.substr(5, colon - 5), std::stoll(g.substr(colon + 1)));
+    } else {
+      fmt::print(stderr, "attention-bench: unknown group '{}'\n", g);
+      return 2;
+    }
+  }
+  return 0;
+}
