@@ -32,14 +32,11 @@ void CausalSelfAttentionImpl::pretty_print(std::ostream& stream) const {
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   detail::check_module_input(x, options.d_in(), W_query, kName, "input");
-  auto keys = x.matmul(W_key);
-  auto queries = x.matmul(W_query);
-  auto values = x.matmul(W_value);
-  return functional::scaled_dot_product_attention(
-             queries, keys, values,
-             functional::ScaledDotProductAttentionOptions().is_causal(true).dropout_p(
-                 is_training() ? options.dropout() : 0.0))
-      .output;
+  // SelfAttention with the positions after each token set to -inf before the softmax
+  return functional::projected_attention(
+      x, x, W_query, W_key, W_value,
+      functional::ScaledDotProductAttentionOptions().is_causal(true).dropout_p(
+          is_training() ? options.dropout() : 0.0));
 }
 
 }  // namespace attention

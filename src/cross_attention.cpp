@@ -31,10 +31,8 @@ torch::Tensor CrossAttentionImpl::forward(const torch::Tensor& x_1, const torch:
   detail::check_module_input(x_1, options.d_in(), W_query, kName, "x_1");
   detail::check_module_input(x_2, options.d_in_kv(), W_key, kName, "x_2");
   detail::check_same_batch(x_1, x_2, kName, "x_1", "x_2");
-  auto queries = x_1.matmul(W_query);
-  auto keys = x_2.matmul(W_key);
-  auto values = x_2.matmul(W_value);
-  return functional::scaled_dot_product_attention(queries, keys, values).output;
+  // queries from x_1, keys and values from x_2
+  return functional::projected_attention(x_1, x_2, W_query, W_key, W_value);
 }
 
 }  // namespace attention

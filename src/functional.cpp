@@ -89,5 +89,21 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
   TORCH_CHECK(false, kName, ": unknown backend");
 }
 
+torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor& x_kv,
+                                  const torch::Tensor& W_query, const torch::Tensor& W_key,
+                                  const torch::Tensor& W_value,
+                                  const ScaledDotProductAttentionOptions& options) {
+  const bool plain = !options.attn_mask().defined() && !options.scale() &&
+                     options.dropout_p() == 0.0 && !options.need_weights() &&
+                     options.backend() == Backend::Auto;
+  if (plain && kernels::tiny_applies(x_q, x_kv, W_query, W_key, W_value)) {
+    return kernels::tiny(x_q, x_kv, W_query, W_key, W_value, options.is_causal());
+  }
+  auto queries = x_q.matmul(W_query);
+  auto keys = x_kv.matmul(W_key);
+  auto values = x_kv.matmul(W_value);
+  return scaled_dot_product_attention(queries, keys, values, options).output;
+}
+
 }  // namespace functional
 }  // namespace attention

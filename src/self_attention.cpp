@@ -29,10 +29,8 @@ void SelfAttentionImpl::pretty_print(std::ostream& stream) const {
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
   detail::check_module_input(x, options.d_in(), W_query, kName, "input");
-  auto keys = x.matmul(W_key);
-  auto queries = x.matmul(W_query);
-  auto values = x.matmul(W_value);
-  return functional::scaled_dot_product_attention(queries, keys, values).output;
+  // keys = x W_key, queries = x W_query, values = x W_value; softmax(Q Kᵀ / sqrt(d_out_kq)) V
+  return functional::projected_attention(x, x, W_query, W_key, W_value);
 }
 
 }  // namespace attention

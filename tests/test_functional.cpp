@@ -153,3 +153,32 @@ TEST_CASE("functional: bad input names the function and what was expected",
   CHECK_THROWS_C10(F::scaled_dot_product_attention(q, k, v, Options().dropout_p(1.5)),
                    c10::ValueError, "expected dropout_p in [0, 1)");
 }
+
+TEST_CASE("functional: projected_attention's direct path for tiny inputs equals the general path",
+          "[functional][tiny]") {
+  torch::manual_seed(31);
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (bool causal : {false, true}) {
+      for (auto shapes : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+               {{6, 3}, {6, 3}},
+               {{2, 5, 3}, {2, 9, 7}},
+               {{1, 1, 3}, {1, 4, 7}},
+               {{7, 3}, {3, 7}}}) {
+        auto x_q = torch::randn(shapes.first, dtype), x_kv = torch::randn(shapes.second, dtype);
+        auto w_q = torch::rand({3, 4}, dtype), w_k = torch::rand({x_kv.size(-1), 4}, dtype),
+             w_v = torch::rand({x_kv.size(-1), 5}, dtype);
+        INFO("x_q " << x_q.sizes() << ", x_kv " << x_kv.sizes() << ", causal " << causal);
+        auto options = Options().is_causal(causal);
+        torch::Tensor direct;
+        {
+          torch::NoGradGuard no_grad;
+          direct = F::projected_attention(x_q, x_kv, w_q, w_k, w_v, options);
+        }
+        // Requiring a gradient forces the general path.
+        auto general =
+            F::projected_attention(x_q, x_kv, w_q.clone().requires_grad_(), w_k, w_v, options);
+        CHECK(test::max_abs_diff(direct, general) < (dtype == torch::kFloat ? 1e-6 : 1e-12));
+      }
+    }
+  }
+}

@@ -76,5 +76,17 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
                                              const torch::Tensor& value,
                                              const ScaledDotProductAttentionOptions& options = {});
 
+/// The article's modules in one call: softmax((x_q W_query)(x_kv W_key)ᵀ / sqrt(d_kq)) x_kv
+/// W_value, with the options of scaled_dot_product_attention (causal, masks, dropout, backend).
+///
+/// x_q (T, d_in) or (B, T, d_in), x_kv of the same rank and batch; W_query (d_in, d_kq), W_key
+/// (d_in_kv, d_kq), W_value (d_in_kv, d_v). Tiny CPU inputs that need no gradient (at most 64
+/// tokens and features, default options but is_causal) skip LibTorch's per-op dispatch and are
+/// computed directly; the result agrees with the general path to rounding.
+torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor& x_kv,
+                                  const torch::Tensor& W_query, const torch::Tensor& W_key,
+                                  const torch::Tensor& W_value,
+                                  const ScaledDotProductAttentionOptions& options = {});
+
 }  // namespace functional
 }  // namespace attention

@@ -26,6 +26,16 @@ functional::AttentionOutput native(const torch::Tensor& query, const torch::Tens
                                    const torch::Tensor& value,
                                    const functional::ScaledDotProductAttentionOptions& options);
 
+/// Whether tiny() can take these inputs: CPU, float or double, contiguous, at most 64 tokens and
+/// 64 features, and no gradient needed.
+bool tiny_applies(const torch::Tensor& x_q, const torch::Tensor& x_kv, const torch::Tensor& w_q,
+                  const torch::Tensor& w_k, const torch::Tensor& w_v);
+
+/// The article's projections and attention in plain loops, for inputs where LibTorch's per-op
+/// dispatch would cost more than the arithmetic.
+torch::Tensor tiny(const torch::Tensor& x_q, const torch::Tensor& x_kv, const torch::Tensor& w_q,
+                   const torch::Tensor& w_k, const torch::Tensor& w_v, bool causal);
+
 /// The positions a query may not see, true = masked, shape (Tq, Tk); queries are the last Tq of
 /// the Tk positions.
 torch::Tensor causal_mask(int64_t t_q, int64_t t_k, const torch::Device& device);

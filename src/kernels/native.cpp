@@ -48,8 +48,8 @@ functional::AttentionOutput native(const torch::Tensor& query, const torch::Tens
       options.scale() ? *options.scale() : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
 
 #if TORCH_VERSION_MAJOR >= 2 && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 1)
-  torch::Tensor out = at::scaled_dot_product_attention(query, k, v, mask_arg,
-                                                       options.dropout_p(), builtin_causal, scale);
+  torch::Tensor out = at::scaled_dot_product_attention(query, k, v, mask_arg, options.dropout_p(),
+                                                       builtin_causal, scale);
 #else
   // No scale argument: LibTorch divides by sqrt(d), so the queries are rescaled to match.
   const torch::Tensor q =
