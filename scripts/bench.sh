@@ -19,7 +19,7 @@ mkdir -p "$out"
 start=$SECONDS
 
 "$ROOT/scripts/setup.sh"
-configure_and_build -DATTENTION_BUILD_TESTS=OFF
+configure_and_build -DATTENTION_BUILD_TESTS=OFF -DATTENTION_BUILD_TOOLS=ON
 bench=("$BUILD_DIR/attention-bench" "${quick[@]}")
 python_bench=("$PYTHON" "$ROOT/scripts/bench_python.py" "${quick[@]}")
 tcmalloc=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4 /{path = $NF} END {print path}')
@@ -54,4 +54,9 @@ else
 fi
 
 "$PYTHON" "$ROOT/scripts/bench_report.py" "$out"
+if ((${#quick[@]} == 0)); then
+  # The README shows the latest full run.
+  mkdir -p "$ROOT/docs/bench"
+  cp "$out"/table.md "$out"/results.json "$out"/*.png "$ROOT/docs/bench/"
+fi
 echo "bench.sh: done in $((SECONDS - start)) s; results in $out" >&2

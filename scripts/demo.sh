@@ -4,5 +4,5 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 "$ROOT/scripts/setup.sh"
-configure_and_build -DATTENTION_BUILD_TESTS=OFF
+configure_and_build -DATTENTION_BUILD_TESTS=OFF -DATTENTION_BUILD_TOOLS=ON
 "$BUILD_DIR/attention-demo" "$@"

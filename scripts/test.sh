@@ -5,7 +5,7 @@ source "$(dirname "$0")/common.sh"
 
 "$ROOT/scripts/setup.sh"
 start=$SECONDS
-configure_and_build
+configure_and_build -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON
 echo "test.sh: build took $((SECONDS - start)) s"
 
 "$BUILD_DIR/attention-demo" >"$BUILD_DIR/demo.log"
