@@ -7,6 +7,7 @@
 # Both sides use every core (libgomp starts with one thread here). Python runs twice: with the
 # default allocator and with tcmalloc preloaded.
 set -euo pipefail
+# shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 quick=()

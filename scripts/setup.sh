@@ -11,6 +11,8 @@ packages=(
   libopenblas0-openmp
   # scripts/bench.sh compares against Python with tcmalloc preloaded; matplotlib draws its plots.
   libtcmalloc-minimal4 python3-matplotlib
+  # API docs and the lint step of scripts/test.sh.
+  doxygen clang-format shellcheck
 )
 
 missing=()

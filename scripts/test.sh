@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test. Exits non-zero on any failure.
+# Installs what is missing, checks formatting and scripts, builds, builds the API docs (any
+# doxygen warning fails), runs every test, then builds and runs the example against the
+# installed package. Exits non-zero on any failure.
 set -euo pipefail
+# shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 "$ROOT/scripts/setup.sh"
+"$ROOT/scripts/lint.sh"
+
 start=$SECONDS
 configure_and_build -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON
 echo "test.sh: build took $((SECONDS - start)) s"
+cmake --build "$BUILD_DIR" --target docs
+echo "test.sh: API docs built without warnings"
 
 "$BUILD_DIR/attention-demo" >"$BUILD_DIR/demo.log"
 tail -n 1 "$BUILD_DIR/demo.log"
 
-cd "$BUILD_DIR"
-ctest --output-on-failure -j "$JOBS"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS")
+"$ROOT/scripts/check_package.sh"

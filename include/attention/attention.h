@@ -8,6 +8,7 @@
 #include <attention/cross_attention.h>
 #include <attention/format.h>
 #include <attention/functional.h>
+#include <attention/heatmap.h>
 #include <attention/kv_cache.h>
 #include <attention/multi_head_attention.h>
 #include <attention/multi_head_attention_wrapper.h>

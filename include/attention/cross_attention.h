@@ -14,11 +14,14 @@ namespace attention {
 
 /// Options of CrossAttention.
 struct CrossAttentionOptions {
+  /// The three sizes; d_in_kv starts equal to d_in.
   CrossAttentionOptions(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)
       : d_in_(d_in), d_out_kq_(d_out_kq), d_out_v_(d_out_v), d_in_kv_(d_in) {}
   /// Feature size of x_1, the sequence the queries come from.
   TORCH_ARG(int64_t, d_in);
+  /// Size of queries and keys.
   TORCH_ARG(int64_t, d_out_kq);
+  /// Size of values, and so of the output.
   TORCH_ARG(int64_t, d_out_v);
   /// Feature size of x_2, the sequence keys and values come from (default: d_in).
   TORCH_ARG(int64_t, d_in_kv);
@@ -32,20 +35,28 @@ struct CrossAttentionOptions {
 /// the output is (..., T_q, d_out_v).
 class CrossAttentionImpl : public torch::nn::Cloneable<CrossAttentionImpl> {
  public:
+  /// Builds the module from its sizes; see the class for parameters and initialization.
   CrossAttentionImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)
       : CrossAttentionImpl(CrossAttentionOptions(d_in, d_out_kq, d_out_v)) {}
+  /// Builds the module from options.
   explicit CrossAttentionImpl(const CrossAttentionOptions& options_);
 
+  /// (Re)creates the parameters from the options, initialized as described above.
   void reset() override;
+  /// Prints the module's name and options.
   void pretty_print(std::ostream& stream) const override;
 
   /// Throws as SelfAttention::forward does, and c10::ValueError when the batch sizes of x_1 and
   /// x_2 differ.
   torch::Tensor forward(const torch::Tensor& x_1, const torch::Tensor& x_2);
 
+  /// The options the module was built with.
   CrossAttentionOptions options;
+  /// Query projection, (d_in, d_out_kq).
   torch::Tensor W_query;
+  /// Key projection, (d_in_kv, d_out_kq).
   torch::Tensor W_key;
+  /// Value projection, (d_in_kv, d_out_v).
   torch::Tensor W_value;
 };
 

@@ -21,7 +21,8 @@ std::string format_shape(const at::Tensor& tensor);
 
 }  // namespace attention
 
-/// `{}` prints the values, `{:s}` the shape.
+/// \cond
+// `{}` prints the values, `{:s}` the shape.
 template <>
 struct fmt::formatter<at::Tensor> {
   bool shape = false;
@@ -42,3 +43,4 @@ struct fmt::formatter<at::Tensor> {
     return std::copy(text.begin(), text.end(), ctx.out());
   }
 };
+/// \endcond

@@ -48,6 +48,7 @@ struct ScaledDotProductAttentionOptions {
   TORCH_ARG(double, dropout_p) = 0.0;
   /// Also return the attention weights, (..., H, Tq, Tk).
   TORCH_ARG(bool, need_weights) = false;
+  /// The kernel; Auto picks by size and by what is requested.
   TORCH_ARG(Backend, backend) = Backend::Auto;
   /// Query and key block size of the Chunked backend.
   TORCH_ARG(int64_t, block_size) = 256;

@@ -20,6 +20,7 @@ namespace attention {
 ///     for (...) out = mha(next_tokens, MultiHeadAttentionForwardOptions().kv_cache(&cache));
 class KVCache {
  public:
+  /// An empty cache for up to `max_length` tokens; throws c10::ValueError unless positive.
   explicit KVCache(int64_t max_length);
 
   /// Appends keys and values (B, Hkv, T_new, head_dim) and returns views of everything cached,
@@ -37,10 +38,12 @@ class KVCache {
 
   /// Number of tokens cached.
   int64_t length() const { return length_; }
+  /// Most tokens the cache holds.
   int64_t max_length() const { return max_length_; }
 
-  /// Cached keys and values, (B, Hkv, length(), head_dim); undefined before the first append.
+  /// Cached keys, (B, Hkv, length(), head_dim); undefined before the first append.
   torch::Tensor keys() const;
+  /// Cached values, (B, Hkv, length(), head_dim); undefined before the first append.
   torch::Tensor values() const;
 
  private:

@@ -21,6 +21,7 @@ namespace attention {
 
 /// Options of MultiHeadAttention.
 struct MultiHeadAttentionOptions {
+  /// The three sizes; num_kv_heads starts at num_heads and d_in_kv at d_in.
   MultiHeadAttentionOptions(int64_t d_in, int64_t d_out, int64_t num_heads)
       : d_in_(d_in),
         d_out_(d_out),
@@ -31,6 +32,7 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(int64_t, d_in);
   /// Feature size of the output; a multiple of num_heads (head_dim = d_out / num_heads).
   TORCH_ARG(int64_t, d_out);
+  /// Number of query heads.
   TORCH_ARG(int64_t, num_heads);
   /// Longest sequence of keys accepted (cache included); 0 accepts any length.
   TORCH_ARG(int64_t, context_length) = 0;
@@ -49,7 +51,8 @@ struct MultiHeadAttentionOptions {
 
 /// Per-call options of MultiHeadAttention::forward.
 struct MultiHeadAttentionForwardOptions {
-  // TORCH_ARG pastes its type textually: `const KVCache*&` would point to a const cache.
+  /// A cache to append to (TORCH_ARG pastes its type textually, and `const KVCache*&` would
+  /// point to a const cache).
   using KVCachePointer = KVCache*;
 
   /// Keys and values from this sequence (B, Tk, d_in_kv) instead of x: cross-attention.
@@ -82,11 +85,15 @@ struct MultiHeadAttentionForwardOptions {
 class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl>,
                                public DerivedBuffers {
  public:
+  /// Builds the module from its sizes; see the class for parameters and initialization.
   MultiHeadAttentionImpl(int64_t d_in, int64_t d_out, int64_t num_heads)
       : MultiHeadAttentionImpl(MultiHeadAttentionOptions(d_in, d_out, num_heads)) {}
+  /// Builds the module from options.
   explicit MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_);
 
+  /// (Re)creates the parameters from the options, initialized as described above.
   void reset() override;
+  /// Prints the module's name and options.
   void pretty_print(std::ostream& stream) const override;
 
   /// Throws c10::ValueError for wrong shapes (naming the argument, what was expected and what
@@ -97,12 +104,18 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// `mask`: the book's causal-mask buffer, which this module derives.
   std::vector<std::string> derived_buffer_names() const override { return {"mask"}; }
 
+  /// Size of each head's queries, keys and values: d_out / num_heads.
   int64_t head_dim() const { return options.d_out() / options.num_heads(); }
 
+  /// The options the module was built with.
   MultiHeadAttentionOptions options;
+  /// Query projection, d_in -> d_out.
   torch::nn::Linear W_query{nullptr};
+  /// Key projection, d_in_kv -> num_kv_heads * head_dim.
   torch::nn::Linear W_key{nullptr};
+  /// Value projection, d_in_kv -> num_kv_heads * head_dim.
   torch::nn::Linear W_value{nullptr};
+  /// Output projection, d_out -> d_out, with bias.
   torch::nn::Linear out_proj{nullptr};
 };
 

@@ -17,13 +17,17 @@ namespace attention {
 
 /// Options of MultiHeadAttentionWrapper.
 struct MultiHeadAttentionWrapperOptions {
+  /// The four sizes, as the article's constructor takes them.
   MultiHeadAttentionWrapperOptions(int64_t d_in, int64_t d_out_kq, int64_t d_out_v,
                                    int64_t num_heads)
       : d_in_(d_in), d_out_kq_(d_out_kq), d_out_v_(d_out_v), num_heads_(num_heads) {}
+  /// Size of each input token's feature vector.
   TORCH_ARG(int64_t, d_in);
+  /// Size of each head's queries and keys.
   TORCH_ARG(int64_t, d_out_kq);
   /// Value size of each head; the output has num_heads * d_out_v features.
   TORCH_ARG(int64_t, d_out_v);
+  /// Number of heads.
   TORCH_ARG(int64_t, num_heads);
 };
 
@@ -34,18 +38,24 @@ struct MultiHeadAttentionWrapperOptions {
 /// Input (T, d_in) or (B, T, d_in); output (..., T, num_heads * d_out_v).
 class MultiHeadAttentionWrapperImpl : public torch::nn::Cloneable<MultiHeadAttentionWrapperImpl> {
  public:
+  /// Builds the module from its sizes; see the class for parameters and initialization.
   MultiHeadAttentionWrapperImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v, int64_t num_heads)
       : MultiHeadAttentionWrapperImpl(
             MultiHeadAttentionWrapperOptions(d_in, d_out_kq, d_out_v, num_heads)) {}
+  /// Builds the module from options.
   explicit MultiHeadAttentionWrapperImpl(const MultiHeadAttentionWrapperOptions& options_);
 
+  /// (Re)creates the parameters from the options, initialized as described above.
   void reset() override;
+  /// Prints the module's name and options.
   void pretty_print(std::ostream& stream) const override;
 
   /// Throws as SelfAttention::forward does.
   torch::Tensor forward(const torch::Tensor& x);
 
+  /// The options the module was built with.
   MultiHeadAttentionWrapperOptions options;
+  /// The SelfAttention heads, registered as `heads`.
   torch::nn::ModuleList heads;
 };
 

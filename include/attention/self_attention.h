@@ -14,6 +14,7 @@ namespace attention {
 
 /// Options of SelfAttention.
 struct SelfAttentionOptions {
+  /// The three sizes, as the article's constructor takes them.
   SelfAttentionOptions(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)
       : d_in_(d_in), d_out_kq_(d_out_kq), d_out_v_(d_out_v) {}
   /// Size of each input token's feature vector.
@@ -33,20 +34,28 @@ struct SelfAttentionOptions {
 /// Input (T, d_in) or (B, T, d_in); output (T, d_out_v) or (B, T, d_out_v).
 class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
  public:
+  /// Builds the module from its sizes; see the class for parameters and initialization.
   SelfAttentionImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)
       : SelfAttentionImpl(SelfAttentionOptions(d_in, d_out_kq, d_out_v)) {}
+  /// Builds the module from options.
   explicit SelfAttentionImpl(const SelfAttentionOptions& options_);
 
+  /// (Re)creates the parameters from the options, initialized as described above.
   void reset() override;
+  /// Prints the module's name and options.
   void pretty_print(std::ostream& stream) const override;
 
   /// Throws c10::ValueError for a wrong rank or feature size, c10::TypeError for a dtype other
   /// than the parameters', c10::Error for another device.
   torch::Tensor forward(const torch::Tensor& x);
 
+  /// The options the module was built with.
   SelfAttentionOptions options;
+  /// Query projection, (d_in, d_out_kq).
   torch::Tensor W_query;
+  /// Key projection, (d_in, d_out_kq).
   torch::Tensor W_key;
+  /// Value projection, (d_in, d_out_v).
   torch::Tensor W_value;
 };
 

@@ -57,7 +57,7 @@ double peak_rss_mb() {
 std::string allocator() {
   const char* preload = std::getenv("LD_PRELOAD");
   return preload && std::string(preload).find("tcmalloc") != std::string::npos ? "tcmalloc"
-                                                                                : "glibc";
+                                                                               : "glibc";
 }
 
 void record(const std::string& group, const std::string& impl, const std::string& pass, int64_t t,
@@ -66,8 +66,8 @@ void record(const std::string& group, const std::string& impl, const std::string
       "{{\"lang\": \"cpp\", \"group\": \"{}\", \"impl\": \"{}\", \"pass\": \"{}\", \"T\": {}, "
       "\"ms\": {:.4f}, \"gflops\": {:.2f}, \"peak_mb\": {:.1f}, \"threads\": {}, "
       "\"allocator\": \"{}\"}}\n",
-      group, impl, pass, t, ms, gflop > 0 ? gflop * 1000.0 / ms : 0.0, peak_mb, at::get_num_threads(),
-      allocator());
+      group, impl, pass, t, ms, gflop > 0 ? gflop * 1000.0 / ms : 0.0, peak_mb,
+      at::get_num_threads(), allocator());
   std::fflush(stdout);
 }
 

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -41,14 +43,22 @@ void show(const std::string& name, const torch::Tensor& t) {
   fmt::print("{} = {}\n", name, t);
 }
 
-int parse_threads(int argc, char** argv) {
+struct Arguments {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::string heatmap_dir;
+};
+
+Arguments parse_arguments(int argc, char** argv) {
+  Arguments args;
+  int& threads = args.threads;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (arg == "--heatmap" && i + 1 < argc) {
+      args.heatmap_dir = argv[++i];
     } else if (arg == "--help" || arg == "-h") {
-      fmt::print("usage: attention-demo [--threads N]\n");
+      fmt::print("usage: attention-demo [--threads N] [--heatmap DIR]\n");
       std::exit(0);
     } else {
       fmt::print(stderr, "attention-demo: unknown argument '{}' (try --help)\n", arg);
@@ -59,13 +69,35 @@ int parse_threads(int argc, char** argv) {
     fmt::print(stderr, "attention-demo: --threads expects a positive number\n");
     std::exit(2);
   }
-  return threads;
+  return args;
+}
+
+// The attention weights of queries x_q against keys and values of x_kv under given projections.
+torch::Tensor weights_of(const torch::Tensor& x_q, const torch::Tensor& x_kv,
+                         const torch::Tensor& W_query, const torch::Tensor& W_key,
+                         const torch::Tensor& W_value, bool causal) {
+  namespace F = attention::functional;
+  return F::scaled_dot_product_attention(
+             x_q.matmul(W_query), x_kv.matmul(W_key), x_kv.matmul(W_value),
+             F::ScaledDotProductAttentionOptions().is_causal(causal).need_weights(true))
+      .weights;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) {
+    fmt::print(stderr, "attention-demo: cannot write {}\n", path);
+    std::exit(1);
+  }
+  fmt::print("wrote {}\n", path);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int threads = parse_threads(argc, argv);
+  const Arguments args = parse_arguments(argc, argv);
+  const int threads = args.threads;
   at::set_num_threads(threads);
   torch::NoGradGuard no_grad;
   Checker checker;
@@ -196,6 +228,33 @@ int main(int argc, char** argv) {
   show("context_vectors", context_vectors);
   fmt::print("context_vectors.shape: {:s}\n", context_vectors);
   checker.check("CrossAttention output", context_vectors, article::cross_attention_output());
+
+  if (!args.heatmap_dir.empty()) {
+    section("Attention heatmaps");
+    std::filesystem::create_directories(args.heatmap_dir);
+    const auto& x = embedded_sentence;
+    const auto dir = args.heatmap_dir + "/";
+    write_file(dir + "self_attention.svg",
+               attention::heatmap_svg(weights_of(x, x, sa->W_query, sa->W_key, sa->W_value, false),
+                                      words, words, "SelfAttention(3, 2, 4): attention weights"));
+    write_file(dir + "causal_attention.svg",
+               attention::heatmap_svg(
+                   weights_of(x, x, causal->W_query, causal->W_key, causal->W_value, true), words,
+                   words, "CausalSelfAttention(3, 2, 4): attention weights"));
+    std::vector<std::string> second;
+    for (int64_t i = 0; i < second_input.size(0); ++i) second.push_back(fmt::format("x_2[{}]", i));
+    write_file(dir + "cross_attention.svg",
+               attention::heatmap_svg(weights_of(x, second_input, crossattn->W_query,
+                                                 crossattn->W_key, crossattn->W_value, false),
+                                      words, second, "CrossAttention(3, 2, 4): attention weights"));
+    for (size_t h = 0; h < mha->heads->size(); ++h) {
+      const auto* head = mha->heads[h]->as<attention::SelfAttentionImpl>();
+      write_file(dir + fmt::format("wrapper_head_{}.svg", h),
+                 attention::heatmap_svg(
+                     weights_of(x, x, head->W_query, head->W_key, head->W_value, false), words,
+                     words, fmt::format("MultiHeadAttentionWrapper(3, 2, 1, 4): head {}", h)));
+    }
+  }
 
   fmt::print("\n{}/{} article values reproduced\n", checker.reproduced, checker.total);
   return checker.reproduced == checker.total ? 0 : 1;

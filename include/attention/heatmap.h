@@ -1,0 +1,27 @@
+#pragma once
+
+/// \file
+/// Attention maps as pictures: a small SVG writer for 2-D weight tensors.
+
+#include <torch/types.h>
+
+#include <string>
+#include <vector>
+
+namespace attention {
+
+/// Renders a 2-D tensor (rows x columns, e.g. the attention weights of one head: queries x keys)
+/// as a labelled SVG heatmap: one cell per value, coloured on a white-to-blue scale from the
+/// tensor's minimum to its maximum, the value written in each cell (4 decimals), row labels on
+/// the left, column labels on top, a colour bar with the scale's ends, and `title` above.
+///
+/// Each cell is a `<rect>` with a `data-value` attribute holding the value, for tools that read
+/// the picture back. Labels are XML-escaped.
+///
+/// Throws c10::ValueError unless `weights` is 2-D with as many rows as `row_labels` and as many
+/// columns as `column_labels`.
+std::string heatmap_svg(const torch::Tensor& weights, const std::vector<std::string>& row_labels,
+                        const std::vector<std::string>& column_labels,
+                        const std::string& title = "");
+
+}  // namespace attention
