@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reads the weight files that tests/roundtrip_writer.cpp wrote into DIR, loads each into the
+"""Reads the weight files (state dict and safetensors) that tests/roundtrip_writer.cpp wrote into DIR, loads each into the
 Python reference module, and compares with the same module seeded and shifted here. Exit 1 on
 any difference."""
 
@@ -10,6 +10,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference  # noqa: E402
+import safetensors_io  # noqa: E402
 
 # The seeds and constructor arguments of tests/roundtrip_writer.cpp.
 MODULES = {
@@ -27,13 +28,15 @@ def main(directory):
         with torch.no_grad():
             for p in expected.parameters():
                 p.add_(0.5)
-        loaded = reference.MODULES[name](**args)
-        loaded.load_state_dict(torch.load(os.path.join(directory, f"{name}.pt")))
-        for (key, a), (_, b) in zip(expected.state_dict().items(), loaded.state_dict().items()):
-            if not torch.equal(a, b):
-                print(f"round trip {name}: {key} differs")
-                failures += 1
-        print(f"round trip {name}: {len(loaded.state_dict())} tensors read back")
+        for file, read in ((f"{name}.pt", torch.load),
+                           (f"{name}.safetensors", safetensors_io.load)):
+            loaded = reference.MODULES[name](**args)
+            loaded.load_state_dict(read(os.path.join(directory, file)))
+            for (key, a), (_, b) in zip(expected.state_dict().items(), loaded.state_dict().items()):
+                if not torch.equal(a, b):
+                    print(f"round trip {file}: {key} differs")
+                    failures += 1
+            print(f"round trip {file}: {len(loaded.state_dict())} tensors read back")
     return 1 if failures else 0
 
 

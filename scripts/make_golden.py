@@ -2,7 +2,8 @@
 """Writes the golden cases that the C++ harness compares against: models/golden/.
 
 For each case: <name>.pt, the reference module with its weights (torch.jit.save of the scripted
-module), <name>.state_dict.pt, the same weights as torch.save(dict(m.state_dict())), and
+module), <name>.state_dict.pt, the same weights as torch.save(dict(m.state_dict())), <name>.safetensors,
+the same weights as safetensors (written by scripts/safetensors_io.py), and
 <name>.tensors.pt, a plain dict of tensors (torch.save): the inputs ("input.<arg>"),
 the upstream gradient ("grad_output"), the output ("output") and the gradient of the output
 against every input and parameter ("grad.<arg>", "grad.<parameter name>"). manifest.json lists
@@ -24,6 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference  # noqa: E402
+import safetensors_io  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "models", "golden")
@@ -290,6 +292,7 @@ def write(out_dir):
         name = case["name"]
         torch.jit.save(torch.jit.script(module.eval()), os.path.join(out_dir, f"{name}.pt"))
         torch.save(dict(module.state_dict()), os.path.join(out_dir, f"{name}.state_dict.pt"))
+        safetensors_io.save(module.state_dict(), os.path.join(out_dir, f"{name}.safetensors"))
         torch.save(tensors, os.path.join(out_dir, f"{name}.tensors.pt"))
         manifest["cases"].append({
             "name": name,
@@ -305,6 +308,7 @@ def write(out_dir):
             "tolerance": TOLERANCE[case["dtype"]],
             "weights": f"{name}.pt",
             "state_dict": f"{name}.state_dict.pt",
+            "safetensors": f"{name}.safetensors",
             "tensors": f"{name}.tensors.pt",
         })
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
@@ -316,6 +320,8 @@ def write(out_dir):
 def load_case(directory, entry):
     weights = torch.jit.load(os.path.join(directory, entry["weights"])).state_dict()
     state_dict = torch.load(os.path.join(directory, entry["state_dict"]))
+    state_dict.update({f"safetensors.{k}": v for k, v in
+                       safetensors_io.load(os.path.join(directory, entry["safetensors"])).items()})
     tensors = torch.load(os.path.join(directory, entry["tensors"]))
     return {**{f"weight.{k}": v for k, v in weights.items()},
             **{f"state_dict.{k}": v for k, v in state_dict.items()}, **tensors}

@@ -13,6 +13,8 @@ packages=(
   libtcmalloc-minimal4 python3-matplotlib
   # API docs and the lint step of scripts/test.sh.
   doxygen clang-format shellcheck
+  # scripts/fuzz.sh: clang with the libFuzzer runtime.
+  clang libclang-rt-14-dev
 )
 
 missing=()

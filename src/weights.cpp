@@ -1,5 +1,7 @@
 #include <attention/weights.h>
 
+#include <attention/safetensors.h>
+
 #include "detail.h"
 
 #include <caffe2/serialize/inline_container.h>
@@ -21,8 +23,6 @@ namespace {
 
 constexpr const char* kLoad = "attention::load_weights";
 
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
-
 std::string read_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -31,7 +31,6 @@ std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, kLoad, ": cannot open '", path, "'");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  TORCH_CHECK(!bytes.empty(), kLoad, ": '", path, "' is empty");
   return bytes;
 }
 
@@ -64,9 +63,18 @@ NamedTensors read_state_dict(const std::string& bytes, const std::string& path) 
   return out;
 }
 
-// Reads the file's tensors and says which format they came in.
-NamedTensors read_weights(const std::string& path, std::string& format) {
-  const std::string bytes = read_file(path);
+// Reads the tensors of a weight file held in memory and says which format they came in.
+NamedTensors read_weights(const std::string& bytes, const std::string& path, std::string& format) {
+  TORCH_CHECK(!bytes.empty(), kLoad, ": '", path, "' is empty");
+  if (looks_like_safetensors(bytes.data(), bytes.size())) {
+    format = "safetensors";
+    try {
+      return parse_safetensors(bytes.data(), bytes.size());
+    } catch (const c10::Error& e) {
+      TORCH_CHECK_VALUE(false, kLoad, ": '", path,
+                        "' is not a valid safetensors file: ", e.what_without_backtrace());
+    }
+  }
   try {
     if (is_torchscript(bytes)) {
       format = "torchscript";
@@ -75,9 +83,9 @@ NamedTensors read_weights(const std::string& path, std::string& format) {
     format = "state_dict";
     return read_state_dict(bytes, path);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(
-        false, kLoad, ": cannot read '", path,
-        "' as a TorchScript archive or a torch.save state dict: ", e.what_without_backtrace());
+    TORCH_CHECK(false, kLoad, ": cannot read '", path,
+                "' as a safetensors file, a TorchScript archive or a torch.save state dict: ",
+                e.what_without_backtrace());
   }
 }
 
@@ -110,8 +118,14 @@ NamedTensors module_tensors(const torch::nn::Module& module) {
 
 LoadReport load_weights(torch::nn::Module& module, const std::string& path,
                         const LoadOptions& options) {
+  const std::string bytes = read_file(path);
+  return load_weights_from_memory(module, bytes.data(), bytes.size(), options, path);
+}
+
+LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data, std::size_t size,
+                                    const LoadOptions& options, const std::string& path) {
   LoadReport report;
-  const NamedTensors file = read_weights(path, report.format);
+  const NamedTensors file = read_weights(std::string(data, size), path, report.format);
   std::map<std::string, torch::Tensor> by_name(file.begin(), file.end());
   const NamedTensors targets = module_tensors(module);
 
@@ -165,12 +179,28 @@ LoadReport load_weights(torch::nn::Module& module, const std::string& path,
   return report;
 }
 
-void save_weights(const torch::nn::Module& module, const std::string& path) {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string state_dict_bytes(const torch::nn::Module& module) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, tensor] : module_tensors(module)) {
     dict.insert(name, tensor.detach().cpu());
   }
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  return std::string(bytes.begin(), bytes.end());
+}
+
+}  // namespace
+
+void save_weights(const torch::nn::Module& module, const std::string& path) {
+  const std::string bytes = ends_with(path, ".safetensors")
+                                ? serialize_safetensors(module_tensors(module))
+                                : state_dict_bytes(module);
   // Written beside the target and renamed over it, so that a failed write never leaves a
   // truncated weight file behind.
   const std::string partial = path + ".partial";

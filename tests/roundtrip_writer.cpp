@@ -1,4 +1,5 @@
-// Writes seeded modules with save_weights, for scripts/check_roundtrip.py to read in Python.
+// Writes seeded modules with save_weights, as a state dict and as safetensors, for
+// scripts/check_roundtrip.py to read in Python.
 // Each module's weights are its seeded ones plus 0.5, so that they match no freshly seeded module
 // by accident; the Python side applies the same shift to its own seeded module and compares.
 
@@ -15,7 +16,8 @@ void write(torch::nn::Module& module, const std::string& path) {
     torch::NoGradGuard no_grad;
     for (auto& p : module.parameters()) p.add_(0.5);
   }
-  attention::save_weights(module, path);
+  attention::save_weights(module, path + ".pt");
+  attention::save_weights(module, path + ".safetensors");
 }
 
 }  // namespace
@@ -25,15 +27,15 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   torch::manual_seed(1);
   attention::SelfAttention self(5, 3, 4);
-  write(*self, dir + "/SelfAttention.pt");
+  write(*self, dir + "/SelfAttention");
   torch::manual_seed(2);
   attention::MultiHeadAttentionWrapper wrapper(4, 2, 3, 3);
-  write(*wrapper, dir + "/MultiHeadAttentionWrapper.pt");
+  write(*wrapper, dir + "/MultiHeadAttentionWrapper");
   torch::manual_seed(3);
   attention::CausalSelfAttention causal(6, 4, 2);
-  write(*causal, dir + "/CausalSelfAttention.pt");
+  write(*causal, dir + "/CausalSelfAttention");
   torch::manual_seed(4);
   attention::CrossAttention cross(attention::CrossAttentionOptions(3, 2, 5).d_in_kv(7));
-  write(*cross, dir + "/CrossAttention.pt");
+  write(*cross, dir + "/CrossAttention");
   return 0;
 }

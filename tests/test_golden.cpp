@@ -55,18 +55,21 @@ TEST_CASE("golden: the manifest holds at least 60 cases of every module", "[gold
   }
 }
 
-TEST_CASE("golden: the state-dict file of every case holds the TorchScript file's weights",
+TEST_CASE("golden: the state-dict and safetensors files of every case hold the TorchScript weights",
           "[golden][weights]") {
   for (const auto& c : golden::read_manifest(golden::directory())) {
     INFO(c.name);
     auto from_script = golden::make_module(c);
-    auto from_state_dict = golden::make_module(c);
-    for (auto& p : from_state_dict.module->parameters()) p.data().zero_();
     CHECK(attention::load_weights(*from_script.module, c.weights_path).format == "torchscript");
-    CHECK(attention::load_weights(*from_state_dict.module, c.state_dict_path).format ==
-          "state_dict");
-    const auto a = snapshot(*from_script.module), b = snapshot(*from_state_dict.module);
-    for (size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
+    const auto expected = snapshot(*from_script.module);
+    for (const auto& [path, format] :
+         {std::pair{c.state_dict_path, "state_dict"}, {c.safetensors_path, "safetensors"}}) {
+      auto other = golden::make_module(c);
+      for (auto& p : other.module->parameters()) p.data().zero_();
+      CHECK(attention::load_weights(*other.module, path).format == format);
+      const auto got = snapshot(*other.module);
+      for (size_t i = 0; i < got.size(); ++i) CHECK(torch::equal(expected[i], got[i]));
+    }
   }
 }
 

@@ -3,12 +3,15 @@
 #include "golden/harness.h"
 #include "helpers.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <random>
 
 namespace {
 
@@ -119,7 +122,7 @@ TEST_CASE("load_weights: unreadable files raise an error naming the path", "[wei
   const auto garbage = temp_path("garbage.pt");
   std::ofstream(garbage) << "not a weight file at all";
   CHECK_THROWS_C10(attention::load_weights(*sa, garbage), c10::Error,
-                   "as a TorchScript archive or a torch.save state dict");
+                   "as a safetensors file, a TorchScript archive or a torch.save state dict");
   CHECK(unchanged(*sa, before));
   std::remove(empty.c_str());
   std::remove(garbage.c_str());
@@ -149,5 +152,90 @@ TEST_CASE("load_weights: NaN or Inf values are rejected unless allowed", "[weigh
   CHECK(unchanged(*target, before));
   attention::load_weights(*target, path, attention::LoadOptions().allow_non_finite(true));
   CHECK(std::isnan(target->W_key[1][1].item<float>()));
+  std::remove(path.c_str());
+}
+
+namespace {
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace
+
+TEST_CASE("load_weights: safetensors written by Python load, and C++ writes them back",
+          "[weights][safetensors]") {
+  torch::manual_seed(5);
+  attention::MultiHeadAttentionWrapper from_python(8, 4, 3, 3);
+  const auto report =
+      attention::load_weights(*from_python, golden_file("wrapper_3_heads.safetensors"));
+  CHECK(report.format == "safetensors");
+  CHECK(report.loaded.size() == 9);
+  attention::MultiHeadAttentionWrapper from_script(8, 4, 3, 3);
+  attention::load_weights(*from_script, golden_file("wrapper_3_heads.pt"));
+  CHECK(unchanged(*from_python, snapshot(*from_script)));
+
+  const auto path = temp_path("wrapper.safetensors");
+  attention::save_weights(*from_python, path);
+  attention::MultiHeadAttentionWrapper again(8, 4, 3, 3);
+  CHECK(attention::load_weights(*again, path).format == "safetensors");
+  CHECK(unchanged(*again, snapshot(*from_python)));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("load_weights: every truncation of a valid file fails cleanly and changes nothing",
+          "[weights][errors]") {
+  for (const char* name :
+       {"wrapper_3_heads.safetensors", "wrapper_3_heads.state_dict.pt", "wrapper_3_heads.pt"}) {
+    const auto bytes = read_bytes(golden_file(name));
+    REQUIRE(bytes.size() > 100);
+    attention::MultiHeadAttentionWrapper mha(8, 4, 3, 3);
+    const auto before = snapshot(*mha);
+    const auto path = temp_path("truncated.bin");
+    int64_t failures = 0;
+    for (size_t length = 0; length < bytes.size(); ++length) {
+      write_bytes(path, bytes.substr(0, length));
+      try {
+        attention::load_weights(*mha, path);
+      } catch (const c10::Error&) {
+        ++failures;
+      }
+    }
+    INFO(name << ": " << bytes.size() << " truncations");
+    CHECK(failures == static_cast<int64_t>(bytes.size()));
+    CHECK(unchanged(*mha, before));
+    std::remove(path.c_str());
+  }
+}
+
+TEST_CASE("load_weights: random bytes and foreign zip archives are rejected", "[weights][errors]") {
+  attention::SelfAttention sa(3, 2, 4);
+  const auto before = snapshot(*sa);
+  const auto path = temp_path("random.bin");
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string bytes(rng() % 4096, '\0');
+    for (auto& c : bytes) c = static_cast<char>(rng());
+    if (trial % 4 == 1) bytes.replace(0, std::min<size_t>(bytes.size(), 4), "PK\x03\x04");
+    if (trial % 4 == 2 && bytes.size() > 9) bytes[8] = '{';
+    write_bytes(path, bytes);
+    CHECK_THROWS_AS(attention::load_weights(*sa, path), c10::Error);
+  }
+  // A well-formed zip archive of another kind.
+  {
+    caffe2::serialize::PyTorchStreamWriter writer(path);
+    const std::string text = "not weights";
+    writer.writeRecord("notes/readme.txt", text.data(), text.size());
+    writer.writeEndOfFile();
+  }
+  CHECK_THROWS_C10(attention::load_weights(*sa, path), c10::Error,
+                   "as a safetensors file, a TorchScript archive or a torch.save state dict");
+  CHECK(unchanged(*sa, before));
   std::remove(path.c_str());
 }

@@ -12,5 +12,6 @@
 #include <attention/kv_cache.h>
 #include <attention/multi_head_attention.h>
 #include <attention/multi_head_attention_wrapper.h>
+#include <attention/safetensors.h>
 #include <attention/self_attention.h>
 #include <attention/weights.h>

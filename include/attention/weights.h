@@ -6,6 +6,7 @@
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,7 @@ struct LoadOptions {
 
 /// What load_weights() did.
 struct LoadReport {
-  /// "torchscript" or "state_dict".
+  /// "safetensors", "torchscript" or "state_dict".
   std::string format;
   /// Names copied into the module, in the module's order.
   std::vector<std::string> loaded;
@@ -47,21 +48,31 @@ struct LoadReport {
 
 /// Copies every parameter and buffer of a weight file into `module`, by name.
 ///
-/// Reads a TorchScript archive (`torch.jit.save(torch.jit.script(m), path)` or a traced module)
-/// and a state dict saved as a plain dict (`torch.save(dict(m.state_dict()), path)`), told apart
-/// by content. Values are copied into the module's existing tensors, keeping their device.
+/// Reads safetensors (see attention/safetensors.h), a TorchScript archive
+/// (`torch.jit.save(torch.jit.script(m), path)` or a traced module) and a state dict saved as a
+/// plain dict (`torch.save(dict(m.state_dict()), path)`), told apart by content. Values are
+/// copied into the module's existing tensors, keeping their device.
 ///
 /// Everything is checked before anything is copied: on any error the module is left exactly as
 /// it was. One c10::ValueError lists every problem (missing and unexpected names, shape and
 /// dtype mismatches, non-finite values); an unreadable file raises c10::Error naming the path.
 ///
-/// A TorchScript archive can carry code: load such files only from sources you trust.
+/// A TorchScript archive or a pickled state dict can carry code: load those only from sources you
+/// trust. safetensors holds nothing but tensors and is strictly validated: use it for files you
+/// did not make.
 LoadReport load_weights(torch::nn::Module& module, const std::string& path,
                         const LoadOptions& options = {});
 
-/// Writes the module's parameters and buffers as a state dict that Python reads with
-/// `module.load_state_dict(torch.load(path))`, and load_weights() reads back. Tensors are
-/// written from the CPU.
+/// load_weights() on a file already in memory (`size` bytes at `data`), e.g. read from an archive
+/// or received over a network. `source` names it in error messages.
+LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data, std::size_t size,
+                                    const LoadOptions& options = {},
+                                    const std::string& source = "<memory>");
+
+/// Writes the module's parameters and buffers, read back by load_weights(): as safetensors when
+/// `path` ends in ".safetensors", else as a state dict that Python reads with
+/// `module.load_state_dict(torch.load(path))`. Tensors are written from the CPU; the file is
+/// written beside `path` and renamed over it, so a failed write leaves no truncated file.
 void save_weights(const torch::nn::Module& module, const std::string& path);
 
 }  // namespace attention

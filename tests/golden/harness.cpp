@@ -40,6 +40,7 @@ std::vector<Case> read_manifest(const std::string& dir) {
     c.weights_path = dir + "/" + entry.at("weights").get<std::string>();
     c.tensors_path = dir + "/" + entry.at("tensors").get<std::string>();
     c.state_dict_path = dir + "/" + entry.at("state_dict").get<std::string>();
+    c.safetensors_path = dir + "/" + entry.at("safetensors").get<std::string>();
     cases.push_back(c);
   }
   return cases;

@@ -33,6 +33,7 @@ struct Case {
   std::string weights_path;
   std::string tensors_path;
   std::string state_dict_path;
+  std::string safetensors_path;
 };
 
 /// The folder of the committed goldens (or the one given with --golden-dir).

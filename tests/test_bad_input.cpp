@@ -1,0 +1,261 @@
+// Every module and the functional layer, fed what a pipeline might wrongly produce: each case
+// must raise the named exception type with a message that says what to fix.
+
+#include <attention/attention.h>
+
+#include "helpers.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+
+namespace {
+
+enum class Kind { Value, Type, Other };
+
+struct BadInput {
+  std::string what;
+  std::function<void()> call;
+  Kind kind;
+  std::string fragment;
+};
+
+namespace F = attention::functional;
+using attention::MultiHeadAttentionForwardOptions;
+using attention::MultiHeadAttentionOptions;
+
+std::vector<BadInput> cases() {
+  auto sa = attention::SelfAttention(3, 2, 4);
+  auto causal = attention::CausalSelfAttention(3, 2, 4);
+  auto cross = attention::CrossAttention(attention::CrossAttentionOptions(3, 2, 4).d_in_kv(5));
+  auto wrapper = attention::MultiHeadAttentionWrapper(3, 2, 4, 2);
+  auto mha = attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).context_length(6));
+  auto mha_cross =
+      attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).d_in_kv(4).causal(false));
+  auto x = torch::randn({2, 5, 8});
+  auto meta = [](std::vector<int64_t> shape) { return torch::empty(shape, torch::kMeta); };
+  auto q = torch::randn({2, 2, 5, 4}), k = torch::randn({2, 2, 6, 4}),
+       v = torch::randn({2, 2, 6, 3});
+  using O = F::ScaledDotProductAttentionOptions;
+  auto sdpa = [=](torch::Tensor q_, torch::Tensor k_, torch::Tensor v_, O o = {}) {
+    return [=] { F::scaled_dot_product_attention(q_, k_, v_, o); };
+  };
+  auto fwd = [](auto module, torch::Tensor input) { return [=]() mutable { module(input); }; };
+  auto mha_fwd = [](auto module, torch::Tensor input, MultiHeadAttentionForwardOptions o) {
+    return [=]() mutable { module(input, o); };
+  };
+  return {
+      // SelfAttention
+      {"SelfAttention: rank 1", fwd(sa, torch::rand({3})), Kind::Value,
+       "expected input (T, 3) or (B, T, 3), got (3,)"},
+      {"SelfAttention: rank 4", fwd(sa, torch::rand({1, 2, 6, 3})), Kind::Value,
+       "got (1, 2, 6, 3)"},
+      {"SelfAttention: feature size", fwd(sa, torch::rand({6, 4})), Kind::Value,
+       "attention::SelfAttention: expected input (T, 3) or (B, T, 3), got (6, 4)"},
+      {"SelfAttention: dtype", fwd(sa, torch::rand({6, 3}, torch::kDouble)), Kind::Type,
+       "of dtype Float (the parameters' dtype), got Double"},
+      {"SelfAttention: integer dtype", fwd(sa, torch::ones({6, 3}, torch::kLong)), Kind::Type,
+       "got Long"},
+      {"SelfAttention: device", fwd(sa, meta({6, 3})), Kind::Other,
+       "on device cpu (the parameters' device), got meta"},
+      {"SelfAttention: undefined", fwd(sa, torch::Tensor()), Kind::Value, "to be a defined tensor"},
+      {"SelfAttention: d_in 0", [] { attention::SelfAttention(0, 2, 4); }, Kind::Value,
+       "expected d_in > 0, got 0"},
+      // CausalSelfAttention
+      {"CausalSelfAttention: feature size", fwd(causal, torch::rand({2, 6, 2})), Kind::Value,
+       "attention::CausalSelfAttention: expected input (T, 3) or (B, T, 3), got (2, 6, 2)"},
+      {"CausalSelfAttention: dtype", fwd(causal, torch::rand({6, 3}, torch::kDouble)), Kind::Type,
+       "got Double"},
+      {"CausalSelfAttention: device", fwd(causal, meta({6, 3})), Kind::Other, "got meta"},
+      {"CausalSelfAttention: dropout",
+       [] {
+         attention::CausalSelfAttention(
+             attention::CausalSelfAttentionOptions(3, 2, 4).dropout(1.5));
+       },
+       Kind::Value, "expected dropout in [0, 1), got 1.5"},
+      // CrossAttention
+      {"CrossAttention: batch sizes differ",
+       [=]() mutable {
+         cross(torch::rand({2, 6, 3}), torch::rand({3, 8, 5}));
+       },
+       Kind::Value,
+       "expected x_1 and x_2 with the same batch size, got x_1 (2, 6, 3) and x_2 (3, 8, 5)"},
+      {"CrossAttention: ranks differ",
+       [=]() mutable {
+         cross(torch::rand({6, 3}), torch::rand({1, 8, 5}));
+       },
+       Kind::Value, "same batch size"},
+      {"CrossAttention: x_2 width",
+       [=]() mutable {
+         cross(torch::rand({6, 3}), torch::rand({8, 3}));
+       },
+       Kind::Value, "expected x_2 (T, 5) or (B, T, 5), got (8, 3)"},
+      {"CrossAttention: x_1 width",
+       [=]() mutable {
+         cross(torch::rand({6, 5}), torch::rand({8, 5}));
+       },
+       Kind::Value, "expected x_1 (T, 3) or (B, T, 3), got (6, 5)"},
+      {"CrossAttention: x_2 dtype",
+       [=]() mutable {
+         cross(torch::rand({6, 3}), torch::rand({8, 5}, torch::kDouble));
+       },
+       Kind::Type, "expected x_2 of dtype Float"},
+      {"CrossAttention: x_2 device",
+       [=]() mutable {
+         cross(torch::rand({6, 3}), meta({8, 5}));
+       },
+       Kind::Other, "expected x_2 on device cpu"},
+      // MultiHeadAttentionWrapper
+      {"Wrapper: feature size", fwd(wrapper, torch::rand({6, 5})), Kind::Value,
+       "attention::MultiHeadAttentionWrapper: expected input (T, 3) or (B, T, 3), got (6, 5)"},
+      {"Wrapper: dtype", fwd(wrapper, torch::rand({6, 3}, torch::kDouble)), Kind::Type,
+       "attention::MultiHeadAttentionWrapper: expected input of dtype Float"},
+      {"Wrapper: zero heads", [] { attention::MultiHeadAttentionWrapper(3, 2, 4, 0); }, Kind::Value,
+       "expected num_heads > 0, got 0"},
+      // MultiHeadAttention
+      {"MHA: num_heads does not divide d_out", [] { attention::MultiHeadAttention(8, 10, 3); },
+       Kind::Value, "expected num_heads to divide d_out, got d_out 10 and num_heads 3"},
+      {"MHA: num_kv_heads does not divide num_heads",
+       [] { attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 12, 4).num_kv_heads(3)); },
+       Kind::Value,
+       "expected num_kv_heads to divide num_heads, got num_heads 4 and num_kv_heads 3"},
+      {"MHA: negative context_length",
+       [] { attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).context_length(-1)); },
+       Kind::Value, "expected context_length >= 0, got -1"},
+      {"MHA: T beyond context_length", fwd(mha, torch::randn({2, 7, 8})), Kind::Value,
+       "expected at most context_length = 6 keys, got 7"},
+      {"MHA: feature size", mha_fwd(mha, torch::randn({2, 5, 7}), {}), Kind::Value,
+       "attention::MultiHeadAttention: expected input (T, 8) or (B, T, 8), got (2, 5, 7)"},
+      {"MHA: dtype", mha_fwd(mha, x.to(torch::kDouble), {}), Kind::Type, "got Double"},
+      {"MHA: device", mha_fwd(mha, meta({2, 5, 8}), {}), Kind::Other, "got meta"},
+      {"MHA: key_padding_mask shape",
+       mha_fwd(
+           mha, x,
+           MultiHeadAttentionForwardOptions().key_padding_mask(torch::zeros({2, 4}, torch::kBool))),
+       Kind::Value, "expected key_padding_mask (2, 5), got (2, 4)"},
+      {"MHA: key_padding_mask dtype",
+       mha_fwd(mha, x, MultiHeadAttentionForwardOptions().key_padding_mask(torch::zeros({2, 5}))),
+       Kind::Type, "expected key_padding_mask of dtype bool (true = padding), got Float"},
+      {"MHA: attn_mask shape",
+       mha_fwd(mha, x,
+               MultiHeadAttentionForwardOptions().attn_mask(torch::zeros({5, 4}, torch::kBool))),
+       Kind::Value, "expected attn_mask broadcastable to (2, 2, 5, 5), got (5, 4)"},
+      {"MHA: attn_mask dtype",
+       mha_fwd(mha, x,
+               MultiHeadAttentionForwardOptions().attn_mask(torch::zeros({5, 5}, torch::kInt))),
+       Kind::Type,
+       "expected attn_mask of dtype bool (true = masked out) or Float (additive), got Int"},
+      {"MHA: context batch",
+       mha_fwd(mha_cross, x, MultiHeadAttentionForwardOptions().context(torch::randn({3, 4, 4}))),
+       Kind::Value, "expected x and context with the same batch size"},
+      {"MHA: context width",
+       mha_fwd(mha_cross, x, MultiHeadAttentionForwardOptions().context(torch::randn({2, 4, 8}))),
+       Kind::Value, "expected context (T, 4) or (B, T, 4), got (2, 4, 8)"},
+      {"MHA: KV cache overflow",
+       [=]() mutable {
+         attention::KVCache cache(6);
+         mha(x, MultiHeadAttentionForwardOptions().kv_cache(&cache));
+         mha(x.slice(1, 0, 2), MultiHeadAttentionForwardOptions().kv_cache(&cache));
+       },
+       Kind::Value, "cannot append 2 token(s) to the 5 cached: max_length is 6"},
+      {"MHA: KV cache of another batch",
+       [=]() mutable {
+         attention::KVCache cache(6);
+         mha(x, MultiHeadAttentionForwardOptions().kv_cache(&cache));
+         mha(torch::randn({3, 1, 8}), MultiHeadAttentionForwardOptions().kv_cache(&cache));
+       },
+       Kind::Value, "expected keys (2, 2, T, 4) like the cached ones, got (3, 2, 1, 4)"},
+      // functional
+      {"sdpa: feature sizes differ", sdpa(q, torch::randn({2, 2, 6, 5}), v), Kind::Value,
+       "expected query and key with the same feature size"},
+      {"sdpa: key and value lengths differ", sdpa(q, k, torch::randn({2, 2, 7, 3})), Kind::Value,
+       "expected key and value that differ only in the last dimension"},
+      {"sdpa: ranks differ", sdpa(q, k[0], v), Kind::Value,
+       "expected query, key and value of the same rank >= 2"},
+      {"sdpa: rank 1", sdpa(torch::randn({4}), torch::randn({4}), torch::randn({4})), Kind::Value,
+       "of the same rank >= 2"},
+      {"sdpa: heads not a multiple",
+       sdpa(torch::randn({1, 3, 5, 4}), torch::randn({1, 2, 6, 4}), torch::randn({1, 2, 6, 3})),
+       Kind::Value, "H a multiple of Hkv"},
+      {"sdpa: dtypes differ", sdpa(q, k.to(torch::kDouble), v), Kind::Type,
+       "expected query, key and value of one dtype"},
+      {"sdpa: integer dtype", sdpa(q.to(torch::kLong), k.to(torch::kLong), v.to(torch::kLong)),
+       Kind::Type, "expected a floating-point dtype, got Long"},
+      {"sdpa: devices differ", sdpa(q, meta({2, 2, 6, 4}), v), Kind::Other,
+       "expected query, key and value on one device"},
+      {"sdpa: mask shape", sdpa(q, k, v, O().attn_mask(torch::zeros({5, 5}, torch::kBool))),
+       Kind::Value, "expected attn_mask broadcastable to the scores (2, 2, 5, 6), got (5, 5)"},
+      {"sdpa: mask dtype", sdpa(q, k, v, O().attn_mask(torch::zeros({5, 6}, torch::kInt))),
+       Kind::Type,
+       "expected attn_mask of dtype bool (true = masked out) or Float (additive), got Int"},
+      {"sdpa: dropout_p", sdpa(q, k, v, O().dropout_p(1.0)), Kind::Value,
+       "expected dropout_p in [0, 1), got 1"},
+      {"sdpa: block_size", sdpa(q, k, v, O().block_size(-4)), Kind::Value,
+       "expected block_size > 0, got -4"},
+      {"sdpa: weights from Chunked",
+       sdpa(q, k, v, O().need_weights(true).backend(F::Backend::Chunked)), Kind::Other,
+       "the Chunked backend computes neither attention weights nor dropout"},
+      {"sdpa: weights from Native",
+       sdpa(q, k, v, O().need_weights(true).backend(F::Backend::Native)), Kind::Other,
+       "the Native backend returns no attention weights"},
+      {"heatmap: labels",
+       [] {
+         attention::heatmap_svg(torch::rand({2, 2}), {"a"}, {"a", "b"});
+       },
+       Kind::Value, "matching the labels"},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("bad input: each case raises the right error type with a message that says what to fix",
+          "[errors]") {
+  const auto table = cases();
+  CHECK(table.size() >= 40);
+  for (const auto& c : table) {
+    INFO(c.what);
+    switch (c.kind) {
+      case Kind::Value:
+        CHECK_THROWS_C10(c.call(), c10::ValueError, c.fragment);
+        break;
+      case Kind::Type:
+        CHECK_THROWS_C10(c.call(), c10::TypeError, c.fragment);
+        break;
+      case Kind::Other:
+        CHECK_THROWS_C10(c.call(), c10::Error, c.fragment);
+        break;
+    }
+  }
+}
+
+TEST_CASE("bad input: an empty sequence (T = 0) gives an empty output from every module",
+          "[errors]") {
+  torch::manual_seed(3);
+  auto empty = torch::randn({2, 0, 3});
+  CHECK(attention::SelfAttention(3, 2, 4)(empty).sizes() == torch::IntArrayRef({2, 0, 4}));
+  CHECK(attention::CausalSelfAttention(3, 2, 4)(empty).sizes() == torch::IntArrayRef({2, 0, 4}));
+  CHECK(attention::MultiHeadAttentionWrapper(3, 2, 4, 2)(empty).sizes() ==
+        torch::IntArrayRef({2, 0, 8}));
+  CHECK(attention::CrossAttention(3, 2, 4)(empty, torch::randn({2, 5, 3})).sizes() ==
+        torch::IntArrayRef({2, 0, 4}));
+  // No keys at all: every query sees nothing and gets zeros.
+  auto no_keys = attention::CrossAttention(3, 2, 4)(torch::randn({2, 4, 3}), empty);
+  CHECK(no_keys.sizes() == torch::IntArrayRef({2, 4, 4}));
+  CHECK(torch::isfinite(no_keys).all().item<bool>());
+  attention::MultiHeadAttention mha(MultiHeadAttentionOptions(3, 4, 2));
+  CHECK(mha(empty).output.sizes() == torch::IntArrayRef({2, 0, 4}));
+}
+
+TEST_CASE("bad input: NaN and Inf propagate through every module without a crash", "[errors]") {
+  auto x = torch::randn({2, 5, 3});
+  x[0][2][1] = NAN;
+  x[1][3][0] = INFINITY;
+  std::vector<torch::Tensor> outputs = {
+      attention::SelfAttention(3, 2, 4)(x), attention::CausalSelfAttention(3, 2, 4)(x),
+      attention::MultiHeadAttentionWrapper(3, 2, 4, 2)(x), attention::CrossAttention(3, 2, 4)(x, x),
+      attention::MultiHeadAttention(MultiHeadAttentionOptions(3, 4, 2).causal(false))(x).output};
+  for (const auto& out : outputs) {
+    CHECK_FALSE(torch::isfinite(out[0]).all().item<bool>());
+    CHECK_FALSE(torch::isfinite(out[1]).all().item<bool>());
+  }
+}
