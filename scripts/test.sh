@@ -6,12 +6,17 @@
 #   scripts/test.sh              the above
 #   scripts/test.sh --sanitize   builds the whole suite with AddressSanitizer and
 #                                UndefinedBehaviorSanitizer in build-sanitize/ and runs it
+#   scripts/test.sh --libtorch2  builds and runs the suite against LibTorch 2.6 in a Debian 13
+#                                root (scripts/test_libtorch2.sh)
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 "$ROOT/scripts/setup.sh"
 
+if [[ ${1:-} == --libtorch2 ]]; then
+  exec "$ROOT/scripts/test_libtorch2.sh"
+fi
 if [[ ${1:-} == --sanitize ]]; then
   BUILD_DIR=$ROOT/build-sanitize
   start=$SECONDS

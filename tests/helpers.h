@@ -4,7 +4,7 @@
 
 #include <c10/util/Exception.h>
 #include <torch/types.h>
-#include <catch2/catch.hpp>
+#include "catch_compat.h"
 
 #include <string>
 
@@ -30,7 +30,7 @@ inline std::string message(const c10::Error& e) {
       (void)(expr);                                             \
     } catch (const Type& e_) {                                  \
       thrown_ = true;                                           \
-      CHECK_THAT(test::message(e_), Catch::Contains(fragment)); \
+      CHECK_THAT(test::message(e_), test::contains(fragment)); \
     }                                                           \
     CHECK(thrown_);                                             \
   } while (false)

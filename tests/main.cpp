@@ -2,14 +2,19 @@
 //   --golden-case NAME  run only that golden case (ctest runs each case this way)
 //   --golden-dir DIR    read the goldens from DIR instead of models/golden
 
+#if __has_include(<catch2/catch_session.hpp>)
+#include <catch2/catch_session.hpp>
+using Catch::Clara::Opt;
+#else
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+using Catch::clara::Opt;
+#endif
 
 #include "golden/harness.h"
 
 int main(int argc, char* argv[]) {
   Catch::Session session;
-  using Catch::clara::Opt;
   session.cli(session.cli() |
               Opt(golden::selected_case(), "name")["--golden-case"]("run only this golden case") |
               Opt(golden::directory(), "dir")["--golden-dir"]("folder of the golden cases"));

@@ -48,7 +48,7 @@ TEST_CASE("MultiHeadAttentionWrapper: bad input and bad options", "[wrapper][err
                    "expected num_heads > 0, got 0");
   CHECK_THAT(
       c10::str(*mha),
-      Catch::StartsWith("attention::MultiHeadAttentionWrapper(d_in=3, d_out_kq=2, d_out_v=4, "
+      test::starts_with("attention::MultiHeadAttentionWrapper(d_in=3, d_out_kq=2, d_out_v=4, "
                         "num_heads=2)(\n  (heads): torch::nn::ModuleList(\n    (0): "
                         "attention::SelfAttention(d_in=3, d_out_kq=2, d_out_v=4)"));
 }

@@ -78,7 +78,7 @@ TEST_CASE("load_weights: strict loading lists every problem and changes nothing"
   } catch (const c10::ValueError& e) {
     CHECK_THAT(
         test::message(e),
-        Catch::Contains("unexpected in the file: heads.2.W_query, heads.2.W_key, heads.2.W_value"));
+        test::contains("unexpected in the file: heads.2.W_query, heads.2.W_key, heads.2.W_value"));
   }
   CHECK(unchanged(*two, two_before));
 
