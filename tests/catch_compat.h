@@ -8,17 +8,29 @@
 #define ATTENTION_CATCH_MAJOR 3
 namespace test {
 using Catch::Approx;
-inline auto contains(const std::string& s) { return Catch::Matchers::ContainsSubstring(s); }
-inline auto starts_with(const std::string& s) { return Catch::Matchers::StartsWith(s); }
-inline auto ends_with(const std::string& s) { return Catch::Matchers::EndsWith(s); }
+inline auto contains(const std::string& s) {
+  return Catch::Matchers::ContainsSubstring(s);
+}
+inline auto starts_with(const std::string& s) {
+  return Catch::Matchers::StartsWith(s);
+}
+inline auto ends_with(const std::string& s) {
+  return Catch::Matchers::EndsWith(s);
+}
 }  // namespace test
 #else
 #include <catch2/catch.hpp>
 #define ATTENTION_CATCH_MAJOR 2
 namespace test {
 using Catch::Detail::Approx;
-inline auto contains(const std::string& s) { return Catch::Contains(s); }
-inline auto starts_with(const std::string& s) { return Catch::StartsWith(s); }
-inline auto ends_with(const std::string& s) { return Catch::EndsWith(s); }
+inline auto contains(const std::string& s) {
+  return Catch::Contains(s);
+}
+inline auto starts_with(const std::string& s) {
+  return Catch::StartsWith(s);
+}
+inline auto ends_with(const std::string& s) {
+  return Catch::EndsWith(s);
+}
 }  // namespace test
 #endif

@@ -23,14 +23,14 @@ inline std::string message(const c10::Error& e) {
 }  // namespace test
 
 // Checks that `expr` throws `Type` (a c10::Error subclass) whose message contains `fragment`.
-#define CHECK_THROWS_C10(expr, Type, fragment)                  \
-  do {                                                          \
-    bool thrown_ = false;                                       \
-    try {                                                       \
-      (void)(expr);                                             \
-    } catch (const Type& e_) {                                  \
-      thrown_ = true;                                           \
+#define CHECK_THROWS_C10(expr, Type, fragment)                 \
+  do {                                                         \
+    bool thrown_ = false;                                      \
+    try {                                                      \
+      (void)(expr);                                            \
+    } catch (const Type& e_) {                                 \
+      thrown_ = true;                                          \
       CHECK_THAT(test::message(e_), test::contains(fragment)); \
-    }                                                           \
-    CHECK(thrown_);                                             \
+    }                                                          \
+    CHECK(thrown_);                                            \
   } while (false)
