@@ -39,6 +39,8 @@ trap cleanup EXIT
 "${sudo_cmd[@]}" mount -t proc proc "$root/proc" && mounted+=("$root/proc")
 "${sudo_cmd[@]}" mount --bind "$ROOT" "$root/src" && mounted+=("$root/src")
 
+# The inner script is quoted on purpose: it expands inside the root.
+# shellcheck disable=SC2016
 "${sudo_cmd[@]}" chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
   JOBS="$JOBS" /bin/bash -euo pipefail -c '
     python3 -c "import torch; print(\"test_libtorch2.sh: torch\", torch.__version__)"
