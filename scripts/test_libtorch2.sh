@@ -28,6 +28,10 @@ if [[ ! -x $root/usr/bin/g++ ]]; then
   "${sudo_cmd[@]}" mv "$root.partial" "$root"
 fi
 
+# One run at a time per root: a second would stack its mounts on the first's.
+exec 9>"$root.lock"
+flock -n 9 || { echo "test_libtorch2.sh: another run is using $root" >&2; exit 1; }
+
 # /proc for LibTorch's CPU detection (without it, it falls back to "NO AVX"); the checkout at
 # /src. Both are unmounted on every way out.
 mounted=()
