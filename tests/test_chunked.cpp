@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include <random>
+
 namespace F = attention::functional;
 using F::Backend;
 using Options = F::ScaledDotProductAttentionOptions;
