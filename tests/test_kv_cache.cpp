@@ -42,7 +42,7 @@ TEST_CASE("KVCache: token by token and in chunks equals one causal forward", "[k
   }
 }
 
-TEST_CASE("KVCache: reset empties it and keeps working; length and storage", "[kv_cache]") {
+TEST_CASE("KVCache: reset empties it and keeps working, with length and storage", "[kv_cache]") {
   torch::NoGradGuard no_grad;
   MultiHeadAttention mha(8, 8, 2);
   KVCache cache(8);

@@ -52,7 +52,7 @@ TEST_CASE("MultiHeadAttention: unbatched input equals a batch of one", "[mha]") 
   check_batched_equals_stacked([&](const torch::Tensor& t) { return run(mha, t); }, 6);
 }
 
-TEST_CASE("MultiHeadAttention: causal row t ignores later tokens; not causal it does not",
+TEST_CASE("MultiHeadAttention: causal row t ignores later tokens, not causal it does not",
           "[mha]") {
   MultiHeadAttention causal(8, 8, 2);
   auto x = torch::randn({2, 6, 8});
