@@ -64,7 +64,8 @@ NamedTensors read_state_dict(const std::string& bytes, const std::string& path) 
 }
 
 // Reads the tensors of a weight file held in memory and says which format they came in.
-NamedTensors read_weights(const std::string& bytes, const std::string& path, std::string& format) {
+NamedTensors read_weights(const std::string& bytes, const std::string& path, bool trusted,
+                          std::string& format) {
   TORCH_CHECK(!bytes.empty(), kLoad, ": '", path, "' is empty");
   if (looks_like_safetensors(bytes.data(), bytes.size())) {
     format = "safetensors";
@@ -75,6 +76,10 @@ NamedTensors read_weights(const std::string& bytes, const std::string& path, std
                         "' is not a valid safetensors file: ", e.what_without_backtrace());
     }
   }
+  TORCH_CHECK_VALUE(
+      trusted, kLoad, ": '", path, "' is not a safetensors file, and only ",
+      "safetensors is read with LoadOptions().trusted(false) (TorchScript archives and ",
+      "pickled state dicts can carry code)");
   try {
     if (is_torchscript(bytes)) {
       format = "torchscript";
@@ -125,7 +130,8 @@ LoadReport load_weights(torch::nn::Module& module, const std::string& path,
 LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data, std::size_t size,
                                     const LoadOptions& options, const std::string& path) {
   LoadReport report;
-  const NamedTensors file = read_weights(std::string(data, size), path, report.format);
+  const NamedTensors file =
+      read_weights(std::string(data, size), path, options.trusted(), report.format);
   std::map<std::string, torch::Tensor> by_name(file.begin(), file.end());
   const NamedTensors targets = module_tensors(module);
 

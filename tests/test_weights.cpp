@@ -239,3 +239,25 @@ TEST_CASE("load_weights: random bytes and foreign zip archives are rejected", "[
   CHECK(unchanged(*sa, before));
   std::remove(path.c_str());
 }
+
+TEST_CASE("load_weights: trusted(false) reads safetensors only, refusing code-carrying formats",
+          "[weights][errors]") {
+  attention::MultiHeadAttentionWrapper mha(8, 4, 3, 3);
+  const auto before = snapshot(*mha);
+  const auto untrusted = attention::LoadOptions().trusted(false);
+  // Found by fuzzing: LibTorch 1.13's TorchScript importer calls std::terminate on this archive,
+  // so it must never reach LibTorch when the source is not trusted.
+  const auto regression = std::string(ATTENTION_SOURCE_DIR) +
+                          "/tests/fuzz/regressions/torchscript_type_parser_terminate.pt";
+  for (const auto& path : {regression, golden_file("wrapper_3_heads.pt"),
+                           golden_file("wrapper_3_heads.state_dict.pt")}) {
+    INFO(path);
+    CHECK_THROWS_C10(attention::load_weights(*mha, path, untrusted), c10::ValueError,
+                     "is not a safetensors file, and only safetensors is read with "
+                     "LoadOptions().trusted(false)");
+  }
+  CHECK(unchanged(*mha, before));
+  CHECK(
+      attention::load_weights(*mha, golden_file("wrapper_3_heads.safetensors"), untrusted).format ==
+      "safetensors");
+}

@@ -30,6 +30,12 @@ struct LoadOptions {
   TORCH_ARG(bool, strict) = true;
   /// Accept NaN and Inf values in the file (rejected by default: a trained weight never is).
   TORCH_ARG(bool, allow_non_finite) = false;
+  /// When false, only safetensors is accepted: TorchScript archives and pickled state dicts are
+  /// refused with c10::ValueError before LibTorch parses them. Their readers run LibTorch's code
+  /// importer and unpickler, and a malformed archive can end the process there (fuzzing found
+  /// a TorchScript type string that makes LibTorch 1.13's parser call std::terminate), so use
+  /// `trusted(false)` for every file you did not make.
+  TORCH_ARG(bool, trusted) = true;
 };
 
 /// What load_weights() did.
