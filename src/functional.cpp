@@ -76,9 +76,13 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
   check_inputs(query, key, value, options);
   switch (options.backend()) {
     case Backend::Auto:
-      return uses_chunked(query, key, options)
-                 ? kernels::chunked(query, key, value, options, options.block_size())
-                 : kernels::math(query, key, value, options);
+      if (!uses_chunked(query, key, options)) return kernels::math(query, key, value, options);
+      // LibTorch 2's fused kernel is faster than the chunked one, but falls back to whole
+      // matrices when given a mask.
+      if (kernels::native_is_fused() && !options.attn_mask().defined()) {
+        return kernels::native(query, key, value, options);
+      }
+      return kernels::chunked(query, key, value, options, options.block_size());
     case Backend::Math:
       return kernels::math(query, key, value, options);
     case Backend::Chunked:

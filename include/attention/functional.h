@@ -13,8 +13,9 @@ namespace functional {
 
 /// Which implementation computes the attention.
 enum class Backend {
-  /// Math when attention weights or dropout are requested or the scores are small; Chunked when
-  /// the whole score tensor would be large (see kAutoChunkedScores).
+  /// Math when attention weights or dropout are requested or the scores are small; for larger
+  /// scores (see kAutoChunkedScores) Native on LibTorch 2.x without a mask (its fused kernel),
+  /// else Chunked.
   Auto,
   /// softmax(Q Kᵀ · scale + mask) V on whole score matrices, exactly as the article writes it.
   Math,

@@ -20,6 +20,11 @@ functional::AttentionOutput chunked(const torch::Tensor& query, const torch::Ten
                                     const functional::ScaledDotProductAttentionOptions& options,
                                     int64_t block_size);
 
+/// Whether Auto should prefer native() over chunked() for large unmasked scores: true where
+/// LibTorch has a fused, memory-efficient CPU kernel (2.x), false where it has only the
+/// composite math (1.13).
+bool native_is_fused();
+
 /// LibTorch's own scaled dot-product attention (the public one from 2.0, the private one in
 /// 1.13), adapted to this library's conventions. No attention weights.
 functional::AttentionOutput native(const torch::Tensor& query, const torch::Tensor& key,

@@ -12,6 +12,10 @@
 namespace attention {
 namespace kernels {
 
+bool native_is_fused() {
+  return TORCH_VERSION_MAJOR >= 2;
+}
+
 functional::AttentionOutput native(const torch::Tensor& query, const torch::Tensor& key,
                                    const torch::Tensor& value,
                                    const functional::ScaledDotProductAttentionOptions& options) {
