@@ -9,6 +9,8 @@ set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
+# debootstrap, chroot and mount live in the sbin folders, which not every PATH has.
+export PATH="$PATH:/usr/sbin:/sbin"
 start=$SECONDS
 root=${ATTENTION_DEBIAN13_ROOT:-/var/cache/attention-cpp/trixie}
 packages=g++,cmake,make,libtorch-dev,python3-torch,python3-numpy,catch2,libfmt-dev,nlohmann-json3-dev,libopenblas0-openmp
