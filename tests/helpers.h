@@ -3,16 +3,33 @@
 // Small helpers shared by the test files.
 
 #include <c10/util/Exception.h>
+#include <torch/nn/module.h>
 #include <torch/types.h>
 #include "catch_compat.h"
 
 #include <string>
+#include <vector>
 
 namespace test {
 
 inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.numel() == 0 && b.numel() == 0) return 0.0;
   return (a.detach().to(torch::kDouble) - b.detach().to(torch::kDouble)).abs().max().item<double>();
+}
+
+// Copies of a module's parameters, to check later that something left them as they were.
+inline std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+inline bool unchanged(const torch::nn::Module& m, const std::vector<torch::Tensor>& before) {
+  const auto now = snapshot(m);
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (!torch::equal(now[i], before[i])) return false;
+  }
+  return true;
 }
 
 // The message of a c10 error without LibTorch's backtrace.

@@ -9,15 +9,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-namespace {
-
-std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-}  // namespace
+using test::snapshot;
 
 TEST_CASE("golden cases", "[.golden]") {
   const auto cases = golden::read_manifest(golden::directory());

@@ -13,26 +13,15 @@
 #include <iterator>
 #include <random>
 
+using test::snapshot;
+using test::unchanged;
+
 namespace {
 
 namespace fs = std::filesystem;
 
 std::string temp_path(const std::string& name) {
   return (fs::temp_directory_path() / ("attention-test-" + name)).string();
-}
-
-std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-bool unchanged(const torch::nn::Module& m, const std::vector<torch::Tensor>& before) {
-  const auto now = snapshot(m);
-  for (size_t i = 0; i < now.size(); ++i) {
-    if (!torch::equal(now[i], before[i])) return false;
-  }
-  return true;
 }
 
 std::string golden_file(const std::string& name) {
