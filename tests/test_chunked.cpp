@@ -69,6 +69,58 @@ TEST_CASE("chunked: equals math across shapes, masks, causal settings, GQA and b
   }
 }
 
+TEST_CASE("chunked: long sequences, diagonal strips, strided heads and the output layout",
+          "[chunked]") {
+  // Heads split from (B, T, H, d) the way a module does; blocks over 64 rows are computed in
+  // strips where they cross the causal diagonal; large scores reach the exp's underflow range.
+  std::mt19937 rng(31);
+  torch::manual_seed(31);
+  auto pick = [&](std::vector<int64_t> values) { return values[rng() % values.size()]; };
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t kv = pick({4, 2, 1}), t_q = pick({130, 257, 300});
+    const int64_t t_k = pick({t_q, t_q + 77, t_q - 50}), d = pick({16, 64});
+    const int64_t block = pick({128, 256});
+    const double magnitude = trial % 4 == 3 ? 20.0 : 2.0;
+    const bool causal = trial % 3 != 0;
+    auto q = (torch::randn({2, t_q, 4, d}) * magnitude).transpose(1, 2);
+    auto k = torch::randn({2, t_k, kv, d}).transpose(1, 2);
+    auto v = torch::randn({2, t_k, kv, 24}).transpose(1, 2);
+    torch::Tensor mask;
+    if (trial % 4 == 1) mask = torch::rand({2, 1, 1, t_k}) < 0.2;
+    if (trial % 4 == 2) mask = torch::randn({t_q, t_k});
+    INFO("trial " << trial << ": t_q " << t_q << ", t_k " << t_k << ", kv heads " << kv << ", d "
+                  << d << ", block " << block << ", causal " << causal);
+    auto options = Options().attn_mask(mask).is_causal(causal);
+    auto math = F::scaled_dot_product_attention(q, k, v, options.backend(Backend::Math));
+    auto chunked = F::scaled_dot_product_attention(
+        q, k, v, options.backend(Backend::Chunked).block_size(block));
+    CHECK(test::max_abs_diff(chunked.output, math.output) < 1e-5);
+    // Laid out like the queries: the transpose back to (B, T, H, dv) is a view.
+    CHECK(chunked.output.transpose(1, 2).is_contiguous());
+  }
+}
+
+TEST_CASE("chunked: gradients through strided heads and diagonal strips equal math's",
+          "[chunked]") {
+  torch::manual_seed(5);
+  auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  std::vector<torch::Tensor> grads[2];
+  const auto upstream = torch::randn({2, 3, 150, 8}, opts);
+  const auto q0 = torch::randn({2, 150, 3, 16}, opts), k0 = torch::randn({2, 170, 3, 16}, opts);
+  const auto v0 = torch::randn({2, 170, 3, 8}, opts);
+  for (int which = 0; which < 2; ++which) {
+    auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
+         v = v0.clone().requires_grad_();
+    auto options =
+        Options().is_causal(true).block_size(128).backend(which ? Backend::Chunked : Backend::Math);
+    F::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                    options)
+        .output.backward(upstream);
+    grads[which] = {q.grad(), k.grad(), v.grad()};
+  }
+  for (int i = 0; i < 3; ++i) CHECK(test::max_abs_diff(grads[0][i], grads[1][i]) < 1e-10);
+}
+
 TEST_CASE("chunked: gradients equal the math backend's", "[chunked]") {
   std::mt19937 rng(7);
   torch::manual_seed(7);

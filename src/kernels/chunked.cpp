@@ -4,9 +4,9 @@
 // large fresh allocations are what makes whole-matrix attention slow on many allocators.
 // Backward recomputes the blocks from the saved log-sum-exp, so it stays linear in T as well.
 
+#include "kernels/chunked.h"
 #include "kernels/kernels.h"
 
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
@@ -20,26 +20,11 @@ namespace {
 using torch::Tensor;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The shapes of one call. Queries are (N, G, Tq, d): N = leading dims x key/value heads, G query
-// heads per key/value head. Keys and values are (N, Tk, d) and (N, Tk, dv).
-struct Problem {
-  int64_t n, g, t_q, t_k, d, dv, block;
-  bool causal;
-  std::vector<int64_t> lead;  // (..., H): the leading dims of the scores
-  Tensor mask;                // undefined, or expanded to (..., H, Tq, Tk)
-};
-
 // A contiguous view of the front of a flat buffer: reused buffers for blocks of any size.
 Tensor front(const Tensor& flat, c10::IntArrayRef shape) {
   int64_t numel = 1;
   for (auto s : shape) numel *= s;
   return flat.narrow(0, 0, numel).view(shape);
-}
-
-// Where causal attention of query block [i0, i0 + bq) ends among the keys.
-int64_t keys_end(const Problem& p, int64_t i0, int64_t bq) {
-  if (!p.causal) return p.t_k;
-  return std::clamp<int64_t>(i0 + bq + (p.t_k - p.t_q), 0, p.t_k);
 }
 
 // The user's mask of each query head of key/value head n, (Tq, Tk) views; empty without a mask.
@@ -221,14 +206,23 @@ std::tuple<Tensor, Tensor, Tensor> backward_blocks(const Problem& p, const Tenso
   return {dq, dk, dv};
 }
 
+// Saves the unscaled queries and the keys and values as given; the flattened, contiguous
+// (N, G, T, d) copies that the generic tiles need are made in backward only.
 class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
  public:
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Problem& problem, double scale) {
-    auto q_scaled = q.mul(scale).contiguous();
-    auto kc = k.contiguous(), vc = v.contiguous();
-    auto [out, lse] = forward_blocks(problem, q_scaled, kc, vc);
-    ctx->save_for_backward({q_scaled, kc, vc, out, lse});
+    Tensor out, lse;
+    if (cpu_forward_applies(q)) {
+      std::tie(out, lse) = cpu_forward(problem, q, k, v, scale);
+    } else {
+      std::tie(out, lse) = forward_blocks(problem, flat_queries(problem, q, scale),
+                                          flat_keys(problem, k), flat_keys(problem, v));
+      auto shape = q.sizes().vec();
+      shape.back() = problem.dv;
+      out = out.view(shape);
+    }
+    ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["mask"] = problem.mask;
     ctx->saved_data["shape"] = std::vector<int64_t>{
@@ -242,6 +236,7 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
+    const double scale = ctx->saved_data["scale"].toDouble();
     Problem p{shape[0],
               shape[1],
               shape[2],
@@ -252,9 +247,23 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
               ctx->saved_data["causal"].toBool(),
               ctx->saved_data["lead"].toIntVector(),
               ctx->saved_data["mask"].toTensor()};
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    const auto flat_out = [&](const Tensor& t) {
+      return t.reshape({p.n, p.g, p.t_q, p.dv}).contiguous();
+    };
     auto [dq, dk, dv] =
-        backward_blocks(p, saved[0], saved[1], saved[2], saved[3], saved[4], grads[0].contiguous());
-    return {dq.mul_(ctx->saved_data["scale"].toDouble()), dk, dv, Tensor(), Tensor()};
+        backward_blocks(p, flat_queries(p, q, scale), flat_keys(p, k), flat_keys(p, v),
+                        flat_out(saved[3]), saved[4], flat_out(grads[0]));
+    return {dq.mul_(scale).view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), Tensor(),
+            Tensor()};
+  }
+
+ private:
+  static Tensor flat_queries(const Problem& p, const Tensor& q, double scale) {
+    return q.mul(scale).reshape({p.n, p.g, p.t_q, p.d}).contiguous();
+  }
+  static Tensor flat_keys(const Problem& p, const Tensor& t) {
+    return t.reshape({p.n, p.t_k, t.size(-1)}).contiguous();
   }
 };
 
@@ -297,12 +306,7 @@ functional::AttentionOutput chunked(const Tensor& query, const Tensor& key, cons
     return {unbatched ? empty.squeeze(0) : empty, {}};
   }
 
-  auto out =
-      ChunkedAttention::apply(q.reshape({p.n, p.g, p.t_q, p.d}), k.reshape({p.n, p.t_k, p.d}),
-                              v.reshape({p.n, p.t_k, p.dv}), p, scale);
-  auto shape = q.sizes().vec();
-  shape.back() = p.dv;
-  out = out.view(shape);
+  auto out = ChunkedAttention::apply(q, k, v, p, scale);
   return {unbatched ? out.squeeze(0) : out, {}};
 }
 
