@@ -37,13 +37,15 @@ namespace {
 
 using torch::Tensor;
 
-// exp(x) for x <= 0 or NaN, branch-free so that the loops calling it vectorize: Cephes'
-// single-precision polynomial after a reduction by ln 2 (within 2 ulp of std::exp). Below -87
-// the result would be denormal and is 0.
+// exp(x) for x <= 0 (NaN gives 0: callers check for NaN themselves), written with nothing but
+// arithmetic and min/max so that every compiler vectorizes the loops calling it: Cephes'
+// single-precision polynomial after a reduction by ln 2 (within 2 ulp of std::exp). Results
+// below 2^-126 (x below about -87.3) come out as 0.
 ATTENTION_ALWAYS_INLINE float exp_nonpositive(float x) {
-  const float xc = x >= -87.0f ? x : -87.0f;  // NaN goes to -87 here and is put back below
-  const float round = 12582912.0f;            // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (xc * 1.44269504089f + round) - round;
+  const float xc = x > -100.0f ? x : -100.0f;  // also -inf and NaN
+  const float round = 12582912.0f;             // 1.5 * 2^23: adding it rounds to an integer
+  float n = (xc * 1.44269504089f + round) - round;
+  n = n > -127.0f ? n : -127.0f;  // 2^-127 is built as 0 below
   const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
   float poly = 1.9875691500e-4f;
   poly = poly * r + 1.3981999507e-3f;
@@ -55,8 +57,7 @@ ATTENTION_ALWAYS_INLINE float exp_nonpositive(float x) {
   const int32_t bits = (static_cast<int32_t>(n) + 127) * (int32_t{1} << 23);
   float two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
-  const float e = y * two_n;
-  return x < -87.0f ? 0.0f : (x != x ? x : e);
+  return y * two_n;
 }
 
 ATTENTION_ALWAYS_INLINE double exp_nonpositive(double x) {
@@ -65,8 +66,9 @@ ATTENTION_ALWAYS_INLINE double exp_nonpositive(double x) {
 
 // The online-softmax step of one tile: rows x cols scaled scores in `s` (row stride ld), of
 // which row r sees its first valid + r columns when causal (all of them otherwise). Turns the
-// scores into probabilities relative to each row's running maximum `max`, adds them to the running
-// sum `sum`, and rescales the row's accumulated values `acc` (rows x dv) to the new maximum.
+// scores into probabilities relative to each row's running maximum `max`, adds them to the
+// running sum `sum` (NaN once a score was NaN), and rescales the row's accumulated values `acc`
+// (rows x dv) to the new maximum.
 template <typename T>
 ATTENTION_ALWAYS_INLINE void softmax_step(T* s, int64_t rows, int64_t cols, int64_t ld, bool causal,
                                           int64_t valid, T* max, T* sum, T* acc, int64_t dv) {
@@ -75,13 +77,15 @@ ATTENTION_ALWAYS_INLINE void softmax_step(T* s, int64_t rows, int64_t cols, int6
     T* row = s + r * ld;
     const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
     T row_max = -kInf;
-#pragma omp simd reduction(max : row_max)
-    for (int64_t j = 0; j < seen; ++j) row_max = row[j] > row_max ? row[j] : row_max;
+    int nan = 0;
+#pragma omp simd reduction(max : row_max) reduction(| : nan)
+    for (int64_t j = 0; j < seen; ++j) {
+      row_max = row[j] > row_max ? row[j] : row_max;
+      nan |= row[j] != row[j];
+    }
     const T new_max = row_max > max[r] ? row_max : max[r];
-    if (new_max == -kInf) {  // every key masked so far: nothing to add, but keep NaN visible
-      for (int64_t j = 0; j < seen; ++j) {
-        if (row[j] != row[j]) sum[r] = row[j];
-      }
+    if (nan) sum[r] = std::numeric_limits<T>::quiet_NaN();
+    if (new_max == -kInf) {  // every key masked so far: nothing to add
       std::fill(row, row + cols, T(0));
       continue;
     }
