@@ -2,8 +2,10 @@
 # Runs the C++ and the Python benchmarks in one go and writes the results (JSON), a Markdown
 # table with the targets' ratios, and PNG plots.
 #
-#   scripts/bench.sh [--quick] [OUT_DIR]     (default OUT_DIR: bench-results)
+#   scripts/bench.sh [--quick] [--libtorch2] [OUT_DIR]     (default OUT_DIR: bench-results)
 #
+# --libtorch2 measures LibTorch 2.6 as well, in the Debian 13 root of scripts/debian13.sh
+# (OUT_DIR/libtorch2): the table then has a column per generation.
 # Both sides use every core (libgomp starts with one thread here). Python runs twice: with the
 # default allocator and with tcmalloc preloaded.
 set -euo pipefail
@@ -11,47 +13,40 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 quick=()
-if [[ ${1:-} == --quick ]]; then
-  quick=(--quick)
+libtorch2=false
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --quick) quick=(--quick) ;;
+    --libtorch2) libtorch2=true ;;
+    *)
+      echo "bench.sh: unknown option $1" >&2
+      exit 2
+      ;;
+  esac
   shift
-fi
+done
 out=${1:-$ROOT/bench-results}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 start=$SECONDS
 
 "$ROOT/scripts/setup.sh"
 configure_and_build -DATTENTION_BUILD_TESTS=OFF -DATTENTION_BUILD_TOOLS=ON
-bench=("$BUILD_DIR/attention-bench" "${quick[@]}")
-python_bench=("$PYTHON" "$ROOT/scripts/bench_python.py" "${quick[@]}")
-tcmalloc=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4 /{path = $NF} END {print path}')
+"$ROOT/scripts/bench_measure.sh" "$BUILD_DIR/attention-bench" "$out" "${quick[@]}"
 
-lengths=(512 1024 2048 4096 8192 16384 32768)
-math_lengths=(512 1024 2048 4096 8192)
-if ((${#quick[@]})); then
-  lengths=(256 512)
-  math_lengths=(256 512)
-fi
-
-echo "bench.sh: C++ ..." >&2
-"${bench[@]}" matmul article raschka raschka-train decode >"$out/cpp.jsonl"
-# One process per long-context run: each reports its own peak memory.
-for t in "${lengths[@]}"; do
-  echo "bench.sh: long context T=$t" >&2
-  "${bench[@]}" "long:chunked:$t" >>"$out/cpp.jsonl"
-done
-for t in "${math_lengths[@]}"; do
-  "${bench[@]}" "long:math:$t" >>"$out/cpp.jsonl"
-  "${python_bench[@]}" "long:$t" >>"$out/python.jsonl.tmp"
-done
-
-echo "bench.sh: Python ..." >&2
-"${python_bench[@]}" matmul article raschka raschka-train >"$out/python.jsonl"
-cat "$out/python.jsonl.tmp" >>"$out/python.jsonl"
-rm -f "$out/python.jsonl.tmp"
-if [[ -n $tcmalloc ]]; then
-  LD_PRELOAD=$tcmalloc "${python_bench[@]}" raschka raschka-train >>"$out/python.jsonl"
-else
-  echo "bench.sh: libtcmalloc_minimal.so.4 not found; Python runs with glibc only" >&2
+rm -rf "$out/libtorch2"
+if $libtorch2; then
+  # shellcheck source=debian13.sh
+  source "$ROOT/scripts/debian13.sh"
+  debian13_enter libtcmalloc-minimal4t64
+  debian13_run "cmake -S /src -B $DEBIAN13_BUILD -DCMAKE_BUILD_TYPE=Release \
+      -DATTENTION_BUILD_TOOLS=ON >/dev/null
+    cmake --build $DEBIAN13_BUILD --target attention-bench -j \"\$JOBS\"
+    rm -rf /var/tmp/attention-bench-out
+    /src/scripts/bench_measure.sh $DEBIAN13_BUILD/attention-bench /var/tmp/attention-bench-out \
+      ${quick[*]}"
+  cp -r "$DEBIAN13_ROOT/var/tmp/attention-bench-out" "$out/libtorch2"
+  debian13_unmount
 fi
 
 "$PYTHON" "$ROOT/scripts/bench_report.py" "$out"

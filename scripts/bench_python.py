@@ -38,7 +38,7 @@ def record(group, impl, pass_, t, ms, gflop, peak_mb=-1.0):
     print(json.dumps({"lang": "python", "group": group, "impl": impl, "pass": pass_, "T": t,
                       "ms": round(ms, 4), "gflops": round(gflop * 1e3 / ms, 2) if gflop else 0.0,
                       "peak_mb": round(peak_mb, 1), "threads": torch.get_num_threads(),
-                      "allocator": ALLOCATOR}), flush=True)
+                      "allocator": ALLOCATOR, "torch": torch.__version__}), flush=True)
 
 
 def progress(what):

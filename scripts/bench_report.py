@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""Turns the records of scripts/bench.sh (OUT/cpp.jsonl, OUT/python.jsonl) into OUT/results.json,
-OUT/table.md (the targets with their ratios, then every measurement) and OUT/*.png plots."""
+"""Turns the records of scripts/bench.sh (OUT/cpp.jsonl, OUT/python.jsonl, and the same in
+OUT/libtorch2 when LibTorch 2 was measured too) into OUT/results.json, OUT/table.md (the targets
+with their ratios, then every measurement, a column group per LibTorch generation) and OUT/*.png
+plots."""
 
 import json
 import os
@@ -15,6 +17,12 @@ def load(out):
             with open(path) as f:
                 records += [json.loads(line) for line in f if line.startswith("{")]
     return records
+
+
+def version(records):
+    """The LibTorch version of a set of records, as major.minor."""
+    full = next((r["torch"] for r in records if "torch" in r), "?")
+    return ".".join(full.split(".")[:2])
 
 
 def find(records, group, impl, t=None, allocator="glibc"):
@@ -33,7 +41,7 @@ def fmt(x, digits=2):
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def targets(records):
+def targets(records, second):
     rows = []
 
     def target(name, value, limit, at_most=True):
@@ -69,26 +77,53 @@ def targets(records):
     target("4b. KV-cache decode at position 2048: recompute / cached step",
            ratio(find(records, "decode", "cpp.fused.recompute", 2048),
                  find(records, "decode", "cpp.fused.kv_cache_step", 2048)), 20, at_most=False)
+    if second:
+        v = version(second)
+        target(f"5a. LibTorch {v}: chunked attention core / Python {v} "
+               "F.scaled_dot_product_attention (Raschka config)",
+               ratio(find(second, "raschka", "cpp.core.chunked"),
+                     find(second, "raschka", "python.core.sdpa")), 1.0)
+        target(f"5b. LibTorch {v}: fused (Auto) / Python {v} nn.MultiheadAttention with tcmalloc",
+               ratio(find(second, "raschka", "cpp.fused.auto"),
+                     find(second, "raschka", "python.nn_mha", allocator="tcmalloc")), 0.8)
     return rows
 
 
-def table(records):
+def key(r):
+    return (r["group"], r["impl"], r.get("pass", "forward"), r.get("allocator", "glibc"), r["T"])
+
+
+def cells(r):
+    if r is None:
+        return ["", "", ""]
+    unit = " (us/call)" if r["group"] == "article" else ""
+    peak = fmt(r["peak_mb"], 0) if r["peak_mb"] >= 0 else ""
+    return [f"{fmt(r['ms'], 3)}{unit}", fmt(r["gflops"], 1), peak]
+
+
+def table(records, second):
     lines = ["| target | measured | goal | |", "| --- | --- | --- | --- |"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(records)]
-    lines += ["", "| group | implementation | allocator | T | ms | GFLOP/s | peak MiB |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in records:
-        unit = " (us/call)" if r["group"] == "article" else ""
-        peak = fmt(r["peak_mb"], 0) if r["peak_mb"] >= 0 else ""
-        lines.append(f"| {r['group']} | {r['impl']} | {r.get('allocator', 'glibc')} | {r['T']} | "
-                     f"{fmt(r['ms'], 3)}{unit} | {fmt(r['gflops'], 1)} | {peak} |")
-    threads = sorted({r["threads"] for r in records})
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(records, second)]
+    sets = [records] + ([second] if second else [])
+    head = ["group", "implementation", "pass", "allocator", "T"]
+    for rs in sets:
+        v = version(rs)
+        head += [f"{v} ms", f"{v} GFLOP/s", f"{v} peak MiB"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    by_key = [{key(r): r for r in rs} for rs in sets]
+    order = list(dict.fromkeys(key(r) for rs in sets for r in rs))
+    for k in order:
+        row = [str(x) for x in k]
+        for found in by_key:
+            row += cells(found.get(k))
+        lines.append("| " + " | ".join(row) + " |")
+    threads = sorted({r["threads"] for rs in sets for r in rs})
     lines += ["", f"Threads: {', '.join(map(str, threads))}; BLAS: OpenBLAS (openmp); times are "
               "medians of repeated runs after a warm-up."]
     return "\n".join(lines) + "\n"
 
 
-def plots(records, out):
+def plots(records, second, out):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -98,14 +133,18 @@ def plots(records, out):
         return
     series = [("cpp.core.chunked", "C++ chunked"), ("cpp.core.math", "C++ math"),
               ("python.core.sdpa", "Python SDPA")]
-    for key, label, name in (("ms", "time (ms)", "long_context_time.png"),
-                             ("peak_mb", "peak memory above inputs (MiB)", "long_context_memory.png")):
+    sets = [(records, "")] + ([(second, f", LibTorch {version(second)}")] if second else [])
+    for field, label, name in (("ms", "time (ms)", "long_context_time.png"),
+                               ("peak_mb", "peak memory above inputs (MiB)",
+                                "long_context_memory.png")):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for impl, legend in series:
-            points = sorted((r["T"], r[key]) for r in records
-                            if r["group"] == "long" and r["impl"] == impl and r[key] >= 0)
-            if points:
-                ax.plot(*zip(*points), marker="o", label=legend)
+        for rs, suffix in sets:
+            for impl, legend in series:
+                points = sorted((r["T"], r[field]) for r in rs
+                                if r["group"] == "long" and r["impl"] == impl and r[field] >= 0)
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=legend + suffix,
+                            linestyle="--" if suffix else "-")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("T (B=1, H=8, head size 64, causal)")
@@ -134,12 +173,13 @@ def plots(records, out):
 
 def main(out):
     records = load(out)
+    second = load(os.path.join(out, "libtorch2"))
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(records, f, indent=1)
+        json.dump(records + second, f, indent=1)
     with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(table(records))
-    plots(records, out)
-    print(f"bench_report: {len(records)} records; {out}/table.md and plots written")
+        f.write(table(records, second))
+    plots(records, second, out)
+    print(f"bench_report: {len(records) + len(second)} records; {out}/table.md and plots written")
 
 
 if __name__ == "__main__":

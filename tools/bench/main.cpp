@@ -65,9 +65,9 @@ void record(const std::string& group, const std::string& impl, const std::string
   fmt::print(
       "{{\"lang\": \"cpp\", \"group\": \"{}\", \"impl\": \"{}\", \"pass\": \"{}\", \"T\": {}, "
       "\"ms\": {:.4f}, \"gflops\": {:.2f}, \"peak_mb\": {:.1f}, \"threads\": {}, "
-      "\"allocator\": \"{}\"}}\n",
+      "\"allocator\": \"{}\", \"torch\": \"{}\"}}\n",
       group, impl, pass, t, ms, gflop > 0 ? gflop * 1000.0 / ms : 0.0, peak_mb,
-      at::get_num_threads(), allocator());
+      at::get_num_threads(), allocator(), TORCH_VERSION);
   std::fflush(stdout);
 }
 
@@ -166,7 +166,9 @@ void bench_raschka(bool train) {
         (3.0 * 2 * c.b * c.t * c.d * c.d + 2.0 * 2 * c.b * c.t * c.t * c.d) / 1e9);
     auto q = torch::randn({c.b, c.h, c.t, c.d / c.h});
     auto k = torch::randn_like(q), v = torch::randn_like(q);
-    for (auto [backend, name] : {std::pair{Backend::Chunked, "chunked"}, {Backend::Math, "math"}}) {
+    for (auto [backend, name] : {std::pair{Backend::Chunked, "chunked"},
+                                 {Backend::Math, "math"},
+                                 {Backend::Native, "native"}}) {
       const auto backend_copy = backend;
       run(
           std::string("cpp.core.") + name,

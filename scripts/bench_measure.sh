@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The measurements of scripts/bench.sh, run where the LibTorch to measure lives (this machine,
+# or the Debian 13 root): the C++ benchmark and the Python one, Python with the default
+# allocator and with tcmalloc preloaded.
+#
+#   scripts/bench_measure.sh ATTENTION_BENCH OUT_DIR [--quick]
+#
+# Writes OUT_DIR/cpp.jsonl and OUT_DIR/python.jsonl. Python is $PYTHON (default /usr/bin/python3).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bench=("$1")
+out=$2
+shift 2
+quick=("$@")
+bench+=("${quick[@]}")
+python_bench=("${PYTHON:-/usr/bin/python3}" "$here/bench_python.py" "${quick[@]}")
+tcmalloc=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4 /{path = $NF} END {print path}')
+mkdir -p "$out"
+
+lengths=(512 1024 2048 4096 8192 16384 32768)
+math_lengths=(512 1024 2048 4096 8192)
+if ((${#quick[@]})); then
+  lengths=(256 512)
+  math_lengths=(256 512)
+fi
+
+echo "bench_measure.sh: C++ ..." >&2
+"${bench[@]}" matmul article raschka raschka-train decode >"$out/cpp.jsonl"
+# One process per long-context run: each reports its own peak memory.
+for t in "${lengths[@]}"; do
+  echo "bench_measure.sh: long context T=$t" >&2
+  "${bench[@]}" "long:chunked:$t" >>"$out/cpp.jsonl"
+done
+for t in "${math_lengths[@]}"; do
+  "${bench[@]}" "long:math:$t" >>"$out/cpp.jsonl"
+  "${python_bench[@]}" "long:$t" >>"$out/python.jsonl.tmp"
+done
+
+echo "bench_measure.sh: Python ..." >&2
+"${python_bench[@]}" matmul article raschka raschka-train >"$out/python.jsonl"
+cat "$out/python.jsonl.tmp" >>"$out/python.jsonl"
+rm -f "$out/python.jsonl.tmp"
+if [[ -n $tcmalloc ]]; then
+  LD_PRELOAD=$tcmalloc "${python_bench[@]}" raschka raschka-train >>"$out/python.jsonl"
+else
+  echo "bench_measure.sh: libtcmalloc_minimal.so.4 not found; Python runs with glibc only" >&2
+fi
