@@ -82,7 +82,7 @@ def bench_article(args):
 def bench_raschka(args, train):
     b, t, d, h = (2, 128, 64, 4) if args.quick else (8, 1024, 768, 12)
     group, pass_ = ("raschka-train", "forward+backward") if train else ("raschka", "forward")
-    repeats = max(1, args.repeats // 2)
+    repeats = max(1, args.repeats // 2) if train else args.repeats  # training steps take seconds
     torch.manual_seed(0)
     x = torch.randn(b, t, d, requires_grad=train)
     gflop = mha_gflop(b, t, d, True) * (3.0 if train else 1.0)

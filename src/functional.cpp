@@ -68,6 +68,11 @@ bool uses_chunked(const torch::Tensor& q, const torch::Tensor& k,
   return scores >= kAutoChunkedScores;
 }
 
+bool needs_grad(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  return torch::GradMode::is_enabled() &&
+         (q.requires_grad() || k.requires_grad() || v.requires_grad());
+}
+
 }  // namespace
 
 AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
@@ -77,9 +82,11 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
   switch (options.backend()) {
     case Backend::Auto:
       if (!uses_chunked(query, key, options)) return kernels::math(query, key, value, options);
-      // LibTorch 2's fused kernel is faster than the chunked one, but falls back to whole
-      // matrices when given a mask.
-      if (kernels::native_is_fused() && !options.attn_mask().defined()) {
+      // LibTorch 2's fused kernel has a fused backward, faster than recomputing tiles; forward
+      // only, the chunked kernel is as fast (faster at long context), and Native falls back to
+      // whole matrices when given a mask.
+      if (kernels::native_is_fused() && needs_grad(query, key, value) &&
+          !options.attn_mask().defined()) {
         return kernels::native(query, key, value, options);
       }
       return kernels::chunked(query, key, value, options, options.block_size());

@@ -14,8 +14,8 @@ namespace functional {
 /// Which implementation computes the attention.
 enum class Backend {
   /// Math when attention weights or dropout are requested or the scores are small; for larger
-  /// scores (see kAutoChunkedScores) Native on LibTorch 2.x without a mask (its fused kernel),
-  /// else Chunked.
+  /// scores (see kAutoChunkedScores) Chunked, except on LibTorch 2.x when gradients are needed
+  /// and there is no mask: Native there (its fused backward beats recomputation).
   Auto,
   /// softmax(Q Kᵀ · scale + mask) V on whole score matrices, exactly as the article writes it.
   Math,

@@ -45,7 +45,8 @@ double median_ms(const std::function<void()>& fn, int repeats) {
             .count());
   }
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  const size_t mid = times.size() / 2;  // the median as Python's statistics.median takes it
+  return times.size() % 2 ? times[mid] : (times[mid - 1] + times[mid]) / 2;
 }
 
 double peak_rss_mb() {
@@ -117,7 +118,8 @@ void bench_raschka(bool train) {
   if (settings.quick) c = {2, 128, 64, 4};
   const std::string pass = train ? "forward+backward" : "forward";
   const std::string group = train ? "raschka-train" : "raschka";
-  const int repeats = std::max(1, settings.repeats / 2);
+  // Training steps take seconds: half the repeats there.
+  const int repeats = train ? std::max(1, settings.repeats / 2) : settings.repeats;
   torch::manual_seed(0);
   auto x = torch::randn({c.b, c.t, c.d}, torch::requires_grad(train));
   torch::AutoGradMode grad_mode(train);
