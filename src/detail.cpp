@@ -2,6 +2,13 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace attention {
 namespace detail {
@@ -54,6 +61,44 @@ QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv
   w.W_key = module.register_parameter("W_key", torch::rand({d_in_kv, d_out_kq}));
   w.W_value = module.register_parameter("W_value", torch::rand({d_in_kv, d_out_v}));
   return w;
+}
+
+torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& options) {
+#if defined(__linux__)
+  constexpr size_t kHugePage = size_t{2} << 20;
+  size_t bytes = options.dtype().itemsize();
+  for (auto size : sizes) bytes *= static_cast<size_t>(size);
+  if (options.device().is_cpu() && bytes >= 4 * kHugePage) {
+    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* data = nullptr;
+    if (posix_memalign(&data, kHugePage, rounded) == 0) {
+      madvise(data, rounded, MADV_HUGEPAGE);  // advice: without transparent huge pages, a no-op
+      return torch::from_blob(
+          data, sizes, [](void* p) { std::free(p); }, options);
+    }
+  }
+#endif
+  return torch::empty(sizes, options);
+}
+
+torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x) {
+  const auto& weight = linear->weight;
+  const auto& bias = linear->bias;
+  const bool recorded =
+      torch::GradMode::is_enabled() &&
+      (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  if (recorded || !x.is_contiguous()) return torch::nn::functional::linear(x, weight, bias);
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  auto out = empty_large(sizes, x.options());
+  auto out_rows = out.view({-1, weight.size(0)});
+  const auto x_rows = x.view({-1, x.size(-1)});
+  if (bias.defined()) {
+    at::addmm_out(out_rows, bias, x_rows, weight.t());
+  } else {
+    at::mm_out(out_rows, x_rows, weight.t());
+  }
+  return out;
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 // the caller, what it expected and what it got) and the article's query/key/value parameters.
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
 #include <string>
@@ -38,6 +39,16 @@ struct QKVWeights {
 };
 QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv, int64_t d_out_kq,
                         int64_t d_out_v, const char* name);
+
+/// An uninitialized tensor for a large temporary. On Linux CPU tensors of several MiB live in
+/// memory advised for transparent huge pages: first touch then faults once per 2 MiB instead of
+/// once per 4 KiB, which on many allocators (glibc's among them) is most of the cost of a fresh
+/// large buffer. Its storage cannot be resized. Anything else comes from torch::empty.
+torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& options);
+
+/// linear(x) with its output from empty_large when no gradient is recorded (LibTorch's out=
+/// products do not record one); linear(x) itself otherwise.
+torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x);
 
 }  // namespace detail
 }  // namespace attention

@@ -52,6 +52,29 @@ TEST_CASE("MultiHeadAttention: unbatched input equals a batch of one", "[mha]") 
   check_batched_equals_stacked([&](const torch::Tensor& t) { return run(mha, t); }, 6);
 }
 
+TEST_CASE("MultiHeadAttention: inference without autograd equals the recorded forward", "[mha]") {
+  // Without autograd the projections go to buffers of their own (huge-page memory from 8 MiB on
+  // Linux); the numbers must not change. Sizes large enough for those buffers, with qkv bias.
+  MultiHeadAttention mha(MultiHeadAttentionOptions(512, 512, 8).qkv_bias(true));
+  auto x = torch::randn({2, 1100, 512});
+  auto recorded = run(mha, x);
+  REQUIRE(recorded.requires_grad());
+  torch::Tensor inference;
+  {
+    torch::NoGradGuard no_grad;
+    inference = run(mha, x);
+  }
+  CHECK_FALSE(inference.requires_grad());
+  CHECK(test::max_abs_diff(inference, recorded.detach()) < 1e-6);
+  // A context of a different length and a non-contiguous input take the same path.
+  auto context = torch::randn({2, 1300, 512}).transpose(0, 1).contiguous().transpose(0, 1);
+  CHECK(test::max_abs_diff(
+            run(mha, x, MultiHeadAttentionForwardOptions().context(context)).detach(), [&] {
+              torch::NoGradGuard no_grad;
+              return run(mha, x, MultiHeadAttentionForwardOptions().context(context));
+            }()) < 1e-6);
+}
+
 TEST_CASE("MultiHeadAttention: causal row t ignores later tokens, not causal it does not",
           "[mha]") {
   MultiHeadAttention causal(8, 8, 2);
