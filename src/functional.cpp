@@ -83,7 +83,7 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
     case Backend::Auto:
       if (!uses_chunked(query, key, options)) return kernels::math(query, key, value, options);
       // LibTorch 2's fused kernel has a fused backward, faster than recomputing tiles; forward
-      // only, the chunked kernel is as fast (faster at long context), and Native falls back to
+      // only, the chunked kernel is level with it (long context too), and Native falls back to
       // whole matrices when given a mask.
       if (kernels::native_is_fused() && needs_grad(query, key, value) &&
           !options.attn_mask().defined()) {
