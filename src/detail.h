@@ -7,6 +7,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include <initializer_list>
 #include <string>
 
 namespace attention {
@@ -39,6 +40,10 @@ struct QKVWeights {
 };
 QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv, int64_t d_out_kq,
                         int64_t d_out_v, const char* name);
+
+/// Whether autograd records an op on these tensors: grad mode is on and a defined one of them
+/// requires a gradient.
+bool records_grad(std::initializer_list<torch::Tensor> tensors);
 
 /// An uninitialized tensor for a large temporary. On Linux CPU tensors of several MiB live in
 /// memory advised for transparent huge pages: first touch then faults once per 2 MiB instead of

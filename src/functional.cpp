@@ -68,11 +68,6 @@ bool uses_chunked(const torch::Tensor& q, const torch::Tensor& k,
   return scores >= kAutoChunkedScores;
 }
 
-bool needs_grad(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  return torch::GradMode::is_enabled() &&
-         (q.requires_grad() || k.requires_grad() || v.requires_grad());
-}
-
 }  // namespace
 
 AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
@@ -85,7 +80,7 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
       // LibTorch 2's fused kernel has a fused backward, faster than recomputing tiles; forward
       // only, the chunked kernel is level with it (long context too), and Native falls back to
       // whole matrices when given a mask.
-      if (kernels::native_is_fused() && needs_grad(query, key, value) &&
+      if (kernels::native_is_fused() && detail::records_grad({query, key, value}) &&
           !options.attn_mask().defined()) {
         return kernels::native(query, key, value, options);
       }
