@@ -16,6 +16,7 @@ every case. Two runs write identical tensors.
 """
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -30,8 +31,15 @@ import safetensors_io  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "models", "golden")
 
-TOLERANCE = {"float32": {"atol": 1e-5, "rtol": 1e-5}, "float64": {"atol": 1e-12, "rtol": 1e-12}}
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# bfloat16 keeps 8 bits of mantissa (relative rounding 2^-9); its cases compare the C++ module
+# in bfloat16 with Python in float32 on the same bfloat16 weights and inputs, so a few roundings
+# of the projections and the attention add up.
+TOLERANCE = {"float32": {"atol": 1e-5, "rtol": 1e-5}, "float64": {"atol": 1e-12, "rtol": 1e-12},
+             "bfloat16": {"atol": 2e-2, "rtol": 2e-2}}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+# Above this context length the book's T x T `mask` buffer (a derived buffer that the C++ module
+# does not keep) is left out of the saved files, which it would otherwise dominate.
+MAX_SAVED_MASK = 128
 INPUT_NAMES = {"CrossAttention": ["x_1", "x_2"]}
 
 
@@ -48,11 +56,16 @@ def case_list():
     """Every case: name, module, constructor args, input shapes, dtype, input magnitude."""
     cases = []
 
+    # mode: "train" (forward and backward) or "inference" (no autograd, the output only);
+    # path: the kernel the case is meant to exercise (the C++ harness checks that it ran:
+    # "direct", "math", "chunked_fused", "chunked_tiles" or "native"); forward["backend"] picks
+    # the C++ backend ("auto" when absent); forward["decode"]: chunk sizes in which the C++ side
+    # feeds the input through a KV cache, against Python's one forward over the whole input.
     def add(name, module, args, shapes, dtype="float32", magnitude=1.0, article=False,
-            forward=None, against="reference"):
+            forward=None, against="reference", mode="train", path="math"):
         cases.append(dict(name=name, module=module, args=args, shapes=shapes, dtype=dtype,
                           magnitude=magnitude, article=article, forward=forward or {},
-                          against=against))
+                          against=against, mode=mode, path=path))
 
     # The article's own configurations, on its embedded sentence.
     add("article_self_attention", "SelfAttention", dict(d_in=3, d_out_kq=2, d_out_v=4), [[6, 3]],
@@ -149,6 +162,39 @@ def case_list():
                      average_attn_weights=False), against="torch")
     add("torch_mha_bias_causal_padding", "MultiHeadAttention", mha(8, 8, 2, qkv_bias=True),
         [[2, 9, 8]], forward=dict(key_padding_mask=True, need_weights=True), against="torch")
+
+    # The paths users run: inference (no autograd) through the direct path and the fused CPU
+    # Chunked forward, long sequences, bfloat16, every backend by name, KV-cache decoding.
+    add("inference_article_self_attention", "SelfAttention", dict(d_in=3, d_out_kq=2, d_out_v=4),
+        [[6, 3]], article=True, mode="inference", path="direct")
+    add("inference_causal_batched_T37", "CausalSelfAttention", dict(d_in=6, d_out_kq=4, d_out_v=3),
+        [[2, 37, 6]], mode="inference", path="direct")
+    add("inference_cross_unbatched_float64", "CrossAttention",
+        dict(d_in=5, d_out_kq=4, d_out_v=6, d_in_kv=9), [[7, 5], [11, 9]], "float64",
+        mode="inference", path="direct")
+    add("inference_wrapper_3_heads", "MultiHeadAttentionWrapper",
+        dict(d_in=8, d_out_kq=4, d_out_v=3, num_heads=3), [[2, 9, 8]], mode="inference",
+        path="direct")
+    add("inference_self_T128", "SelfAttention", dict(d_in=5, d_out_kq=3, d_out_v=4),
+        [[1, 128, 5]], mode="inference", path="math")
+    add("mha_inference_T1024_causal", "MultiHeadAttention", mha(16, 32, 4, context_length=1024),
+        [[1, 1024, 16]], mode="inference", path="chunked_fused")
+    add("mha_inference_T1100_gqa_padding", "MultiHeadAttention",
+        mha(16, 32, 4, num_kv_heads=2, context_length=1100), [[2, 1100, 16]],
+        forward=dict(key_padding_mask=True), mode="inference", path="chunked_fused")
+    add("mha_inference_T1024_bfloat16", "MultiHeadAttention", mha(16, 32, 4, context_length=1024),
+        [[1, 1024, 16]], "bfloat16", mode="inference", path="chunked_tiles")
+    add("mha_train_chunked_T300_float64", "MultiHeadAttention",
+        mha(8, 16, 4, num_kv_heads=2, context_length=300), [[1, 300, 8]], "float64",
+        forward=dict(backend="chunked"), path="chunked_fused")
+    add("mha_train_native_padding", "MultiHeadAttention", mha(8, 8, 2), [[2, 6, 8]],
+        forward=dict(backend="native", key_padding_mask=True), path="native")
+    add("mha_train_math", "MultiHeadAttention", mha(8, 8, 2, num_kv_heads=1), [[2, 6, 8]],
+        forward=dict(backend="math"), path="math")
+    add("mha_decode_token_by_token", "MultiHeadAttention", mha(8, 16, 4, num_kv_heads=2),
+        [[2, 12, 8]], forward=dict(decode=[1] * 12), mode="inference", path="math")
+    add("mha_decode_chunks_float64", "MultiHeadAttention", mha(8, 8, 2), [[1, 40, 8]], "float64",
+        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference", path="math")
 
     for i, case in enumerate(cases):
         case["seed"] = 123 if case["article"] else 1000 + i
@@ -251,8 +297,32 @@ def run_mha(case, module, inputs, masks):
     return output, weights, lambda: {n: p.grad for n, p in module.named_parameters()}
 
 
+def run_inference(case):
+    """The module and the tensors of an inference case: inputs and output, no gradients. A
+    bfloat16 case is computed in float32 on its bfloat16 weights and inputs."""
+    dtype = DTYPES[case["dtype"]]
+    module = reference.build(case["module"], case["args"], case["seed"], dtype)
+    names = input_names(case)
+    inputs = dict(zip(names, make_inputs(case, dtype)))
+    compute = copy.deepcopy(module).float() if dtype == torch.bfloat16 else module
+    with torch.no_grad():
+        if case["module"] == "MultiHeadAttention":
+            masks = make_masks(case, inputs)
+            wide = {n: t.float() if dtype == torch.bfloat16 else t for n, t in inputs.items()}
+            output, _, _ = run_mha(case, compute, wide, masks)
+        else:
+            masks = {}
+            output = compute(*[t.float() if dtype == torch.bfloat16 else t
+                               for t in inputs.values()])
+    tensors = {f"input.{n}": t.clone() for n, t in {**inputs, **masks}.items()}
+    tensors["output"] = output.clone()
+    return module, tensors
+
+
 def run_case(case):
     """The module, and every tensor of the case: inputs, output, upstream gradient, gradients."""
+    if case["mode"] == "inference":
+        return run_inference(case)
     dtype = DTYPES[case["dtype"]]
     module = reference.build(case["module"], case["args"], case["seed"], dtype)
     names = input_names(case)
@@ -290,6 +360,8 @@ def write(out_dir):
     for case in case_list():
         module, tensors = run_case(case)
         name = case["name"]
+        if getattr(module, "mask", None) is not None and module.mask.shape[0] > MAX_SAVED_MASK:
+            module.mask = module.mask[:0, :0].clone()
         torch.jit.save(torch.jit.script(module.eval()), os.path.join(out_dir, f"{name}.pt"))
         torch.save(dict(module.state_dict()), os.path.join(out_dir, f"{name}.state_dict.pt"))
         safetensors_io.save(module.state_dict(), os.path.join(out_dir, f"{name}.safetensors"))
@@ -303,6 +375,8 @@ def write(out_dir):
             "inputs": input_names(case),
             "forward": case["forward"],
             "against": case["against"],
+            "mode": case["mode"],
+            "path": case["path"],
             "shapes": {k: list(v.shape) for k, v in tensors.items()},
             "input_magnitude": case["magnitude"],
             "tolerance": TOLERANCE[case["dtype"]],
@@ -327,9 +401,17 @@ def load_case(directory, entry):
             **{f"state_dict.{k}": v for k, v in state_dict.items()}, **tensors}
 
 
+def computed(key):
+    """Whether a tensor of a case is computed (output, weights, gradients) rather than drawn from
+    the seeded generator (inputs, module weights, upstream gradient)."""
+    return key in ("output", "weights") or key.startswith("grad.")
+
+
 def verify():
-    """Regenerates the goldens and compares them with the committed ones: bit for bit under the
-    torch generation that wrote them, within each case's tolerance under another one."""
+    """Regenerates the goldens and compares them with the committed ones: what the seeded
+    generator draws (inputs, weights, upstream gradients) bit for bit; what is computed from it
+    within each case's tolerance, since BLAS kernels round differently on other processors and
+    under another torch generation."""
     with open(os.path.join(GOLDEN, "manifest.json")) as f:
         committed = json.load(f)
     same_generation = committed["torch_version"].split(".")[0] == torch.__version__.split(".")[0]
@@ -348,12 +430,13 @@ def verify():
             a, b = load_case(tmp, entry), load_case(GOLDEN, entry)
             tol = entry["tolerance"]
 
-            def same(x, y):
-                if same_generation or not x.is_floating_point():
+            def same(key, x, y):
+                exact = not x.is_floating_point() or (same_generation and not computed(key))
+                if exact:
                     return torch.equal(x, y)
                 return x.shape == y.shape and torch.allclose(x, y, rtol=tol["rtol"], atol=tol["atol"])
             for key in sorted(set(a) | set(b)):
-                if key not in a or key not in b or not same(a[key], b[key]):
+                if key not in a or key not in b or not same(key, a[key], b[key]):
                     diff = ((a[key] - b[key]).abs().max().item()
                             if key in a and key in b and a[key].shape == b[key].shape else "shape")
                     drifted.append(f"{name}: {key} differs (max |diff| {diff})")
@@ -361,7 +444,7 @@ def verify():
     if drifted:
         print("golden drift:\n  " + "\n  ".join(drifted))
         return 1
-    how = ("identical to" if same_generation else
+    how = ("seeded tensors identical and computed ones within tolerance of" if same_generation else
            f"within tolerance (torch {torch.__version__} against {committed['torch_version']}) of")
     print(f"goldens: {len(fresh['cases'])} cases regenerated, {how} models/golden")
     return 0

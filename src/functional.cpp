@@ -1,114 +1,104 @@
 #include <attention/functional.h>
 
-#include "detail.h"
+#include "kernels/chunked.h"
 #include "kernels/kernels.h"
-
-#include <algorithm>
+#include "kernels/problem.h"
 
 namespace attention {
 namespace functional {
 namespace {
 
-constexpr const char* kName = "attention::functional::scaled_dot_product_attention";
+constexpr const char* kSdpa = "attention::functional::scaled_dot_product_attention";
+constexpr const char* kProjected = "attention::functional::projected_attention";
 
-void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                  const ScaledDotProductAttentionOptions& options) {
-  using detail::shape_str;
-  TORCH_CHECK_VALUE(q.defined() && k.defined() && v.defined(), kName,
-                    ": expected defined query, key and value tensors");
-  TORCH_CHECK_VALUE(q.dim() >= 2 && q.dim() == k.dim() && q.dim() == v.dim(), kName,
-                    ": expected query, key and value of the same rank >= 2, got query ",
-                    shape_str(q.sizes()), ", key ", shape_str(k.sizes()), ", value ",
-                    shape_str(v.sizes()));
-  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), kName,
-                   ": expected query, key and value of one dtype, got ", q.scalar_type(), ", ",
-                   k.scalar_type(), ", ", v.scalar_type());
-  TORCH_CHECK_TYPE(c10::isFloatingType(q.scalar_type()), kName,
-                   ": expected a floating-point dtype, got ", q.scalar_type());
-  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), kName,
-              ": expected query, key and value on one device, got ", q.device(), ", ", k.device(),
-              ", ", v.device());
-  TORCH_CHECK_VALUE(q.size(-1) == k.size(-1), kName,
-                    ": expected query and key with the same feature size, got query ",
-                    shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
-  TORCH_CHECK_VALUE(k.sizes().slice(0, k.dim() - 1) == v.sizes().slice(0, v.dim() - 1), kName,
-                    ": expected key and value that differ only in the last dimension, got key ",
-                    shape_str(k.sizes()), " and value ", shape_str(v.sizes()));
-  const int64_t lead = q.dim() - 2;
-  const bool heads_ok =
-      lead == 0 || (q.sizes().slice(0, lead - 1) == k.sizes().slice(0, lead - 1) &&
-                    q.size(-3) % k.size(-3) == 0);
-  TORCH_CHECK_VALUE(heads_ok, kName,
-                    ": expected query (..., H, Tq, d) and key (..., Hkv, Tk, d) with equal leading "
-                    "dimensions and H a multiple of Hkv, got query ",
-                    shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
-  TORCH_CHECK_VALUE(options.dropout_p() >= 0.0 && options.dropout_p() < 1.0, kName,
-                    ": expected dropout_p in [0, 1), got ", options.dropout_p());
-  TORCH_CHECK_VALUE(options.block_size() > 0, kName, ": expected block_size > 0, got ",
-                    options.block_size());
+thread_local Path last = Path::None;
 
-  const torch::Tensor& mask = options.attn_mask();
-  if (!mask.defined()) return;
-  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool || mask.scalar_type() == q.scalar_type(), kName,
-                   ": expected attn_mask of dtype bool (true = masked out) or ", q.scalar_type(),
-                   " (additive), got ", mask.scalar_type());
-  TORCH_CHECK(mask.device() == q.device(), kName, ": expected attn_mask on device ", q.device(),
-              ", got ", mask.device());
-  auto scores = q.sizes().vec();
-  scores.back() = k.size(-2);
-  TORCH_CHECK_VALUE(detail::broadcastable_to(mask.sizes(), scores), kName,
-                    ": expected attn_mask broadcastable to the scores ", shape_str(scores),
-                    ", got ", shape_str(mask.sizes()));
+bool has_infinity(const torch::Tensor& t) {
+  return t.numel() > 0 && t.isinf().any().item<bool>();
 }
 
-bool uses_chunked(const torch::Tensor& q, const torch::Tensor& k,
-                  const ScaledDotProductAttentionOptions& options) {
-  if (options.need_weights() || options.dropout_p() > 0.0) return false;
-  const int64_t scores = q.numel() / std::max<int64_t>(q.size(-1), 1) * k.size(-2);
-  return scores >= kAutoChunkedScores;
+// What each backend cannot do, refused before it runs, with the backend named.
+void check_supported(const kernels::Problem& p, Backend backend, const torch::Tensor& q,
+                     const torch::Tensor& k) {
+  if (backend == Backend::Chunked) {
+    TORCH_CHECK(!p.need_weights && p.dropout_p == 0.0, p.caller,
+                ": the Chunked backend computes neither attention weights nor dropout; use "
+                "Backend::Math (or Auto) for those");
+    TORCH_CHECK(!p.mask_needs_grad, p.caller,
+                ": the Chunked backend does not differentiate attn_mask; use Backend::Math (or "
+                "Auto) for a mask that requires grad");
+  }
+  if (backend == Backend::Native) {
+    TORCH_CHECK(!p.need_weights, p.caller,
+                ": the Native backend returns no attention weights; use Backend::Math (or Auto) "
+                "for them");
+    TORCH_CHECK(!has_infinity(q) && !has_infinity(k), p.caller,
+                ": the Native backend cannot take infinite queries or keys (LibTorch gives NaN "
+                "where a query's scores are all -inf); use Backend::Math or Chunked");
+  }
+}
+
+// Auto: Math for weights, dropout, a mask that needs a gradient, or small scores; Chunked for
+// large scores, except on LibTorch 2.x when gradients are needed and there is no mask: Native
+// there (its fused backward beats recomputation; forward only, the chunked kernel is level with
+// it, long context too, and Native falls back to whole matrices when given a mask).
+Backend choose(const kernels::Problem& p, const torch::Tensor& q, const torch::Tensor& k) {
+  if (p.need_weights || p.dropout_p > 0.0 || p.mask_needs_grad) return Backend::Math;
+  const double scores = static_cast<double>(p.n * p.g * p.t_q) * static_cast<double>(p.t_k);
+  if (scores < static_cast<double>(kAutoChunkedScores)) return Backend::Math;
+  if (kernels::native_is_fused() && p.needs_grad && !p.mask.defined() && !has_infinity(q) &&
+      !has_infinity(k)) {
+    return Backend::Native;
+  }
+  return Backend::Chunked;
+}
+
+// Runs a validated problem on the backend it asks for (or Auto's choice).
+AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const torch::Tensor& key,
+                    const torch::Tensor& value) {
+  const Backend backend = p.backend == Backend::Auto ? choose(p, query, key) : p.backend;
+  check_supported(p, backend, query, key);
+  // Nothing to attend: every backend gives what whole matrices give (empty or zero outputs).
+  if (p.empty() || backend == Backend::Math) {
+    last = Path::Math;
+    return kernels::math(p, query, key, value);
+  }
+  if (backend == Backend::Native) {
+    last = Path::Native;
+    return kernels::native(p, query, key, value);
+  }
+  last = kernels::cpu_forward_applies(query) ? Path::ChunkedFused : Path::ChunkedTiles;
+  return kernels::chunked(p, query, key, value);
 }
 
 }  // namespace
 
+Path last_path() {
+  return last;
+}
+
 AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
                                              const torch::Tensor& value,
                                              const ScaledDotProductAttentionOptions& options) {
-  check_inputs(query, key, value, options);
-  switch (options.backend()) {
-    case Backend::Auto:
-      if (!uses_chunked(query, key, options)) return kernels::math(query, key, value, options);
-      // LibTorch 2's fused kernel has a fused backward, faster than recomputing tiles; forward
-      // only, the chunked kernel is level with it (long context too), and Native falls back to
-      // whole matrices when given a mask.
-      if (kernels::native_is_fused() && detail::records_grad({query, key, value}) &&
-          !options.attn_mask().defined()) {
-        return kernels::native(query, key, value, options);
-      }
-      return kernels::chunked(query, key, value, options, options.block_size());
-    case Backend::Math:
-      return kernels::math(query, key, value, options);
-    case Backend::Chunked:
-      return kernels::chunked(query, key, value, options, options.block_size());
-    case Backend::Native:
-      return kernels::native(query, key, value, options);
-  }
-  TORCH_CHECK(false, kName, ": unknown backend");
+  return run(kernels::make_problem(query, key, value, options, kSdpa), query, key, value);
 }
 
 torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor& x_kv,
                                   const torch::Tensor& W_query, const torch::Tensor& W_key,
                                   const torch::Tensor& W_value,
                                   const ScaledDotProductAttentionOptions& options) {
-  const bool plain = !options.attn_mask().defined() && !options.scale() &&
-                     options.dropout_p() == 0.0 && !options.need_weights() &&
-                     options.backend() == Backend::Auto;
+  const auto p =
+      kernels::make_projected_problem(x_q, x_kv, W_query, W_key, W_value, options, kProjected);
+  const bool plain = !p.mask.defined() && p.dropout_p == 0.0 && !p.need_weights &&
+                     p.backend == Backend::Auto && !p.needs_grad;
   if (plain && kernels::tiny_applies(x_q, x_kv, W_query, W_key, W_value)) {
-    return kernels::tiny(x_q, x_kv, W_query, W_key, W_value, options.is_causal());
+    last = Path::Direct;
+    return kernels::tiny(p, x_q, x_kv, W_query, W_key, W_value);
   }
   auto queries = x_q.matmul(W_query);
   auto keys = x_kv.matmul(W_key);
   auto values = x_kv.matmul(W_value);
-  return scaled_dot_product_attention(queries, keys, values, options).output;
+  return run(p, queries, keys, values).output;
 }
 
 }  // namespace functional

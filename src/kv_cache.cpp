@@ -20,27 +20,36 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& key
       kName, ": expected keys and values of one shape (B, Hkv, T, head_dim), got ",
       keys.defined() ? shape_str(keys.sizes()) : "undefined", " and ",
       values.defined() ? shape_str(values.sizes()) : "undefined");
+  TORCH_CHECK_TYPE(
+      c10::isFloatingType(keys.scalar_type()) && values.scalar_type() == keys.scalar_type(), kName,
+      ": expected floating keys and values of one dtype, got ", keys.scalar_type(), " and ",
+      values.scalar_type());
+  TORCH_CHECK(values.device() == keys.device(), kName,
+              ": expected keys and values on one device, got ", keys.device(), " and ",
+              values.device());
+  if (keys_.defined()) {
+    TORCH_CHECK_VALUE(keys.size(0) == keys_.size(0) && keys.size(1) == keys_.size(1) &&
+                          keys.size(3) == keys_.size(3),
+                      kName, ": expected keys (", keys_.size(0), ", ", keys_.size(1), ", T, ",
+                      keys_.size(3), ") like the cached ones, got ", shape_str(keys.sizes()));
+    TORCH_CHECK_TYPE(keys.scalar_type() == keys_.scalar_type(), kName,
+                     ": expected keys and values of dtype ", keys_.scalar_type(), ", got ",
+                     keys.scalar_type(), " and ", values.scalar_type());
+    TORCH_CHECK(keys.device() == keys_.device(), kName, ": expected keys and values on ",
+                keys_.device(), ", got ", keys.device(), " and ", values.device());
+  }
   const int64_t t_new = keys.size(2);
+  TORCH_CHECK_VALUE(length_ + t_new <= max_length_, kName, ": cannot append ", t_new,
+                    " token(s) to the ", length_, " cached: max_length is ", max_length_,
+                    " (reset() the cache or make a longer one)");
+  // Everything is checked: only now is the storage made (on the first append), so that a
+  // refused call leaves the cache as it was.
   if (!keys_.defined()) {
     auto sizes = keys.sizes().vec();
     sizes[2] = max_length_;
     keys_ = torch::empty(sizes, keys.options());
     values_ = torch::empty(sizes, values.options());
   }
-  TORCH_CHECK_VALUE(keys.size(0) == keys_.size(0) && keys.size(1) == keys_.size(1) &&
-                        keys.size(3) == keys_.size(3),
-                    kName, ": expected keys (", keys_.size(0), ", ", keys_.size(1), ", T, ",
-                    keys_.size(3), ") like the cached ones, got ", shape_str(keys.sizes()));
-  TORCH_CHECK_TYPE(
-      keys.scalar_type() == keys_.scalar_type() && values.scalar_type() == keys_.scalar_type(),
-      kName, ": expected keys and values of dtype ", keys_.scalar_type(), ", got ",
-      keys.scalar_type(), " and ", values.scalar_type());
-  TORCH_CHECK(keys.device() == keys_.device() && values.device() == keys_.device(), kName,
-              ": expected keys and values on ", keys_.device(), ", got ", keys.device(), " and ",
-              values.device());
-  TORCH_CHECK_VALUE(length_ + t_new <= max_length_, kName, ": cannot append ", t_new,
-                    " token(s) to the ", length_, " cached: max_length is ", max_length_,
-                    " (reset() the cache or make a longer one)");
   // The cache holds values, not history: no gradient flows into earlier steps.
   keys_.narrow(2, length_, t_new).copy_(keys.detach());
   values_.narrow(2, length_, t_new).copy_(values.detach());

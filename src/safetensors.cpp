@@ -144,6 +144,7 @@ std::string serialize_safetensors(const NamedTensors& tensors) {
   for (const auto& [name, tensor] : tensors) {
     TORCH_CHECK_VALUE(name != "__metadata__" && names.insert(name).second, kName,
                       ": duplicate or reserved tensor name '", name, "'");
+    TORCH_CHECK_VALUE(tensor.defined(), kName, ": tensor '", name, "' is undefined");
     auto t = tensor.detach().to(torch::kCPU).contiguous();
     const uint64_t bytes = t.numel() * t.element_size();
     header[name] = {{"dtype", dtype_name(t.scalar_type())},

@@ -198,6 +198,190 @@ std::vector<BadInput> cases() {
       {"sdpa: weights from Native",
        sdpa(q, k, v, O().need_weights(true).backend(F::Backend::Native)), Kind::Other,
        "the Native backend returns no attention weights"},
+      {"sdpa: zero key/value heads beside query heads",
+       sdpa(torch::randn({1, 2, 5, 4}), torch::randn({1, 0, 6, 4}), torch::randn({1, 0, 6, 3})),
+       Kind::Value, "H a multiple of Hkv >= 1, got query (1, 2, 5, 4) and key (1, 0, 6, 4)"},
+      {"sdpa: zero key/value heads on Chunked",
+       sdpa(torch::randn({1, 2, 5, 4}), torch::randn({1, 0, 6, 4}), torch::randn({1, 0, 6, 3}),
+            O().backend(F::Backend::Chunked)),
+       Kind::Value, "H a multiple of Hkv >= 1"},
+      {"sdpa: leading dims differ",
+       sdpa(torch::randn({2, 2, 5, 4}), torch::randn({3, 2, 6, 4}), torch::randn({3, 2, 6, 3})),
+       Kind::Value, "with equal leading dimensions"},
+      {"sdpa: undefined key", sdpa(q, torch::Tensor(), v), Kind::Value,
+       "expected defined query, key and value tensors"},
+      {"sdpa: NaN scale", sdpa(q, k, v, O().scale(std::nan(""))), Kind::Value,
+       "expected a finite scale, got nan"},
+      {"sdpa: infinite scale", sdpa(q, k, v, O().scale(INFINITY)), Kind::Value,
+       "expected a finite scale, got inf"},
+      {"sdpa: NaN dropout_p", sdpa(q, k, v, O().dropout_p(std::nan(""))), Kind::Value,
+       "expected dropout_p in [0, 1), got nan"},
+      {"sdpa: half on the CPU", sdpa(q.to(torch::kHalf), k.to(torch::kHalf), v.to(torch::kHalf)),
+       Kind::Type, "expected Float, Double or BFloat16 on the CPU, got Half"},
+      {"sdpa: float mask of another dtype",
+       sdpa(q, k, v, O().attn_mask(torch::zeros({5, 6}, torch::kDouble))), Kind::Type,
+       "expected attn_mask of dtype bool (true = masked out) or Float (additive), got Double"},
+      {"sdpa: mask on another device", sdpa(q, k, v, O().attn_mask(meta({5, 6}).to(torch::kBool))),
+       Kind::Other, "expected attn_mask on device cpu, got meta"},
+      {"sdpa: dropout on Chunked", sdpa(q, k, v, O().dropout_p(0.1).backend(F::Backend::Chunked)),
+       Kind::Other, "the Chunked backend computes neither attention weights nor dropout"},
+      {"sdpa: a mask that requires grad on Chunked",
+       sdpa(q, k, v,
+            O().attn_mask(torch::zeros({5, 6}).requires_grad_(true)).backend(F::Backend::Chunked)),
+       Kind::Other, "the Chunked backend does not differentiate attn_mask"},
+      {"sdpa: infinite keys on Native",
+       sdpa(q, k.clone().fill_(-INFINITY), v, O().backend(F::Backend::Native)), Kind::Other,
+       "the Native backend cannot take infinite queries or keys"},
+      // projected_attention (the article modules' functional form and its direct path)
+      {"projected: W_query rows beyond x_q's features",
+       [] {
+         auto x = torch::rand({6, 3});
+         F::projected_attention(x, x, torch::rand({4, 2}), torch::rand({3, 2}),
+                                torch::rand({3, 4}));
+       },
+       Kind::Value,
+       "attention::functional::projected_attention: expected W_query (3, d_kq) for x_q (6, 3), "
+       "got (4, 2)"},
+      {"projected: x_kv 2-D beside a 3-D x_q",
+       [] {
+         F::projected_attention(torch::rand({1, 6, 3}), torch::rand({6, 3}), torch::rand({3, 2}),
+                                torch::rand({3, 2}), torch::rand({3, 4}));
+       },
+       Kind::Value, "expected x_kv of the same rank and batch size as x_q (1, 6, 3), got (6, 3)"},
+      {"projected: 4-D x_q",
+       [] {
+         auto x = torch::rand({1, 1, 6, 3});
+         F::projected_attention(x, x, torch::rand({3, 2}), torch::rand({3, 2}),
+                                torch::rand({3, 4}));
+       },
+       Kind::Value, "expected x_q (T, d_in) or (B, T, d_in), got (1, 1, 6, 3)"},
+      {"projected: W_key columns differ from W_query's",
+       [] {
+         auto x = torch::rand({6, 3});
+         F::projected_attention(x, x, torch::rand({3, 2}), torch::rand({3, 5}),
+                                torch::rand({3, 4}));
+       },
+       Kind::Value, "expected W_key (3, 2) for x_kv (6, 3) and W_query (3, 2), got (3, 5)"},
+      {"projected: W_value rows differ from x_kv's features",
+       [] {
+         F::projected_attention(torch::rand({6, 3}), torch::rand({8, 5}), torch::rand({3, 2}),
+                                torch::rand({5, 2}), torch::rand({4, 4}));
+       },
+       Kind::Value, "expected W_value (5, d_v) for x_kv (8, 5), got (4, 4)"},
+      {"projected: batch sizes differ",
+       [] {
+         F::projected_attention(torch::rand({2, 6, 3}), torch::rand({3, 6, 3}), torch::rand({3, 2}),
+                                torch::rand({3, 2}), torch::rand({3, 4}));
+       },
+       Kind::Value,
+       "expected x_kv of the same rank and batch size as x_q (2, 6, 3), got (3, 6, 3)"},
+      {"projected: 1-D weight",
+       [] {
+         auto x = torch::rand({6, 3});
+         F::projected_attention(x, x, torch::rand({3}), torch::rand({3, 2}), torch::rand({3, 4}));
+       },
+       Kind::Value, "expected W_query (3, d_kq) for x_q (6, 3), got (3,)"},
+      {"projected: dtypes differ",
+       [] {
+         auto x = torch::rand({6, 3});
+         F::projected_attention(x, x, torch::rand({3, 2}), torch::rand({3, 2}),
+                                torch::rand({3, 4}, torch::kDouble));
+       },
+       Kind::Type,
+       "expected x_q, x_kv, W_query, W_key and W_value of one dtype, got Float, Float, Float, "
+       "Float, Double"},
+      {"projected: devices differ",
+       [=] {
+         auto x = torch::rand({6, 3});
+         F::projected_attention(x, x, torch::rand({3, 2}), meta({3, 2}), torch::rand({3, 4}));
+       },
+       Kind::Other, "expected x_q, x_kv, W_query, W_key and W_value on one device"},
+      {"projected: integer inputs",
+       [] {
+         auto x = torch::ones({6, 3}, torch::kLong);
+         F::projected_attention(x, x, torch::ones({3, 2}, torch::kLong),
+                                torch::ones({3, 2}, torch::kLong),
+                                torch::ones({3, 4}, torch::kLong));
+       },
+       Kind::Type, "expected a floating-point dtype, got Long"},
+      {"projected: undefined weight",
+       [] {
+         auto x = torch::rand({6, 3});
+         F::projected_attention(x, x, torch::rand({3, 2}), torch::Tensor(), torch::rand({3, 4}));
+       },
+       Kind::Value, "expected defined x_q, x_kv, W_query, W_key and W_value tensors"},
+      {"projected: mask of the wrong shape",
+       [] {
+         auto x = torch::rand({6, 3});
+         F::projected_attention(x, x, torch::rand({3, 2}), torch::rand({3, 2}), torch::rand({3, 4}),
+                                O().attn_mask(torch::zeros({6, 5}, torch::kBool)));
+       },
+       Kind::Value, "expected attn_mask broadcastable to the scores (6, 6), got (6, 5)"},
+      // KVCache
+      {"KVCache: integer keys",
+       [] {
+         attention::KVCache cache(4);
+         auto t = torch::ones({1, 2, 1, 4}, torch::kLong);
+         cache.append(t, t);
+       },
+       Kind::Type, "expected floating keys and values of one dtype, got Long and Long"},
+      {"KVCache: keys and values of different shapes",
+       [] {
+         attention::KVCache cache(4);
+         cache.append(torch::rand({1, 2, 1, 4}), torch::rand({1, 2, 1, 3}));
+       },
+       Kind::Value,
+       "expected keys and values of one shape (B, Hkv, T, head_dim), got (1, 2, 1, 4)"},
+      {"KVCache: undefined values",
+       [] {
+         attention::KVCache cache(4);
+         cache.append(torch::rand({1, 2, 1, 4}), torch::Tensor());
+       },
+       Kind::Value, "got (1, 2, 1, 4) and undefined"},
+      {"KVCache: truncate beyond the length",
+       [] {
+         attention::KVCache cache(4);
+         cache.truncate(1);
+       },
+       Kind::Value, "cannot truncate to 1 tokens: 0 are cached"},
+      // conversions
+      {"to_torch: grouped heads",
+       [] {
+         attention::to_torch(
+             *attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).num_kv_heads(1)));
+       },
+       Kind::Value, "num_kv_heads == num_heads"},
+      {"to_fused: d_out_kq != d_out_v",
+       [] { attention::to_fused(*attention::MultiHeadAttentionWrapper(3, 2, 4, 2)); }, Kind::Value,
+       "attention::to_fused: expected a wrapper with"},
+      // weights and safetensors
+      {"load_weights: missing file",
+       [] {
+         auto m = attention::SelfAttention(3, 2, 4);
+         attention::load_weights(*m, "/nonexistent/weights.safetensors");
+       },
+       Kind::Other, "/nonexistent/weights.safetensors"},
+      {"load_weights_from_memory: empty buffer",
+       [] {
+         auto m = attention::SelfAttention(3, 2, 4);
+         attention::load_weights_from_memory(*m, "", 0);
+       },
+       Kind::Other, "<memory>"},
+      {"safetensors: truncated header", [] { attention::parse_safetensors("\x08\0\0\0", 4); },
+       Kind::Other, "safetensors"},
+      {"safetensors: an undefined tensor to write",
+       [] {
+         attention::serialize_safetensors({{"w", torch::Tensor()}});
+       },
+       Kind::Value, "tensor 'w' is undefined"},
+      // presentation
+      {"heatmap: undefined weights", [] { attention::heatmap_svg(torch::Tensor(), {"a"}, {"a"}); },
+       Kind::Value, "got undefined"},
+      {"heatmap: rank 3",
+       [] {
+         attention::heatmap_svg(torch::rand({1, 1, 1}), {"a"}, {"a"});
+       },
+       Kind::Value, "expected weights (1, 1) matching the labels, got (1, 1, 1)"},
       {"heatmap: labels",
        [] {
          attention::heatmap_svg(torch::rand({2, 2}), {"a"}, {"a", "b"});
@@ -211,7 +395,7 @@ std::vector<BadInput> cases() {
 TEST_CASE("bad input: each case raises the right error type with a message that says what to fix",
           "[errors]") {
   const auto table = cases();
-  CHECK(table.size() >= 40);
+  CHECK(table.size() >= 80);
   for (const auto& c : table) {
     INFO(c.what);
     switch (c.kind) {

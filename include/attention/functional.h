@@ -27,6 +27,26 @@ enum class Backend {
   Native,
 };
 
+/// The kernel that computed a call (see last_path()).
+enum class Path {
+  /// No call on this thread yet.
+  None,
+  /// projected_attention's plain loops for tiny CPU inputs.
+  Direct,
+  /// Whole score matrices (Backend::Math, and every empty problem on any backend).
+  Math,
+  /// The Chunked backend's fused CPU forward (float and double on the CPU).
+  ChunkedFused,
+  /// The Chunked backend's tiles of LibTorch ops (other dtypes and devices).
+  ChunkedTiles,
+  /// LibTorch's own kernel.
+  Native,
+};
+
+/// The kernel that computed the calling thread's most recent scaled_dot_product_attention() or
+/// projected_attention() call, for diagnostics and for tests that must know which path ran.
+Path last_path();
+
 /// Auto picks Chunked when the scores (..., H, Tq, Tk) would hold at least this many elements.
 constexpr int64_t kAutoChunkedScores = int64_t{1} << 20;
 
@@ -51,7 +71,8 @@ struct ScaledDotProductAttentionOptions {
   TORCH_ARG(bool, need_weights) = false;
   /// The kernel; Auto picks by size and by what is requested.
   TORCH_ARG(Backend, backend) = Backend::Auto;
-  /// Query and key block size of the Chunked backend.
+  /// Query and key block size of the Chunked backend; must be positive, and is clamped to the
+  /// longer sequence and to 2048 (a thread's tile of scores stays within 16 MiB in float).
   TORCH_ARG(int64_t, block_size) = 256;
 };
 
@@ -70,10 +91,14 @@ struct AttentionOutput {
 /// `value` may have fewer heads Hkv than the query's H when H is a multiple of Hkv
 /// (grouped-query attention: query head h reads key/value head h / (H / Hkv)).
 ///
-/// A query whose keys are all masked gets a zero output and zero weights, never NaN.
+/// Every backend follows one contract (docs/CONTRACT.md): a query whose scores are all -inf
+/// (every key masked, or no key at all) gets a zero output, zero weights and zero gradients,
+/// never NaN; a NaN score or a +inf score makes its query's output NaN; empty inputs give empty
+/// or zero outputs. Inputs are validated before any backend runs.
 ///
-/// Throws c10::ValueError for inconsistent shapes, c10::TypeError for mismatched dtypes,
-/// c10::Error for mismatched devices.
+/// Throws c10::ValueError for inconsistent shapes and option values, c10::TypeError for
+/// mismatched or unsupported dtypes, c10::Error for mismatched devices and for what the chosen
+/// backend cannot do (the message names the backend).
 AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
                                              const torch::Tensor& value,
                                              const ScaledDotProductAttentionOptions& options = {});
@@ -82,9 +107,11 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
 /// W_value, with the options of scaled_dot_product_attention (causal, masks, dropout, backend).
 ///
 /// x_q (T, d_in) or (B, T, d_in), x_kv of the same rank and batch; W_query (d_in, d_kq), W_key
-/// (d_in_kv, d_kq), W_value (d_in_kv, d_v). Tiny CPU inputs that need no gradient (at most 64
-/// tokens and features, default options but is_causal) skip LibTorch's per-op dispatch and are
-/// computed directly; the result agrees with the general path to rounding.
+/// (d_in_kv, d_kq), W_value (d_in_kv, d_v), all of one dtype and device; every argument is checked
+/// before anything is computed (the same errors as scaled_dot_product_attention, plus those of
+/// the projections). Tiny CPU inputs that need no gradient (at most 64 tokens and features, no
+/// mask, dropout or weights, Backend::Auto) skip LibTorch's per-op dispatch and are computed
+/// directly (Path::Direct); the result agrees with the general path to rounding.
 torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor& x_kv,
                                   const torch::Tensor& W_query, const torch::Tensor& W_key,
                                   const torch::Tensor& W_value,

@@ -50,7 +50,7 @@ std::vector<Tensor> head_masks(const Problem& p, int64_t n) {
 // holds the user's masks of the tile's nc key/value heads, G each.
 void mask_tile(const Problem& p, const std::vector<Tensor>& masks, Tensor& scores, int64_t i0,
                int64_t bq, int64_t j0, int64_t bk) {
-  const int64_t offset = p.t_k - p.t_q;
+  const int64_t offset = p.causal_offset;
   auto by_head = scores.view({-1, bq, bk});
   if (p.causal && j0 + bk - 1 > i0 + offset) {
     auto opts = torch::TensorOptions().dtype(torch::kLong).device(scores.device());
@@ -211,56 +211,58 @@ std::tuple<Tensor, Tensor, Tensor> backward_blocks(const Problem& p, const Tenso
 class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
  public:
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Problem& problem, double scale) {
+                        const Tensor& v, const Problem& problem) {
     Tensor out, lse;
     if (cpu_forward_applies(q)) {
-      std::tie(out, lse) = cpu_forward(problem, q, k, v, scale);
+      std::tie(out, lse) = cpu_forward(problem, q, k, v);
     } else {
-      std::tie(out, lse) = forward_blocks(problem, flat_queries(problem, q, scale),
-                                          flat_keys(problem, k), flat_keys(problem, v));
+      std::tie(out, lse) = forward_blocks(problem, flat_queries(problem, q), flat_keys(problem, k),
+                                          flat_keys(problem, v));
       auto shape = q.sizes().vec();
       shape.back() = problem.dv;
       out = out.view(shape);
     }
     ctx->save_for_backward({q, k, v, out, lse});
-    ctx->saved_data["scale"] = scale;
+    // The problem travels to backward as plain values: the mask is never an autograd input here
+    // (a mask that needs a gradient is refused before the kernel runs).
     ctx->saved_data["mask"] = problem.mask;
-    ctx->saved_data["shape"] = std::vector<int64_t>{
-        problem.n, problem.g, problem.t_q, problem.t_k, problem.d, problem.dv, problem.block};
-    ctx->saved_data["causal"] = problem.causal;
+    ctx->saved_data["sizes"] = std::vector<int64_t>{
+        problem.n,  problem.g,     problem.t_q,           problem.t_k,           problem.d,
+        problem.dv, problem.block, problem.causal_offset, problem.causal ? 1 : 0};
     ctx->saved_data["lead"] = problem.lead;
+    ctx->saved_data["scale"] = problem.scale;
     return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto shape = ctx->saved_data["shape"].toIntVector();
-    const double scale = ctx->saved_data["scale"].toDouble();
-    Problem p{shape[0],
-              shape[1],
-              shape[2],
-              shape[3],
-              shape[4],
-              shape[5],
-              shape[6],
-              ctx->saved_data["causal"].toBool(),
-              ctx->saved_data["lead"].toIntVector(),
-              ctx->saved_data["mask"].toTensor()};
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    Problem p;
+    p.n = sizes[0];
+    p.g = sizes[1];
+    p.t_q = sizes[2];
+    p.t_k = sizes[3];
+    p.d = sizes[4];
+    p.dv = sizes[5];
+    p.block = sizes[6];
+    p.causal_offset = sizes[7];
+    p.causal = sizes[8] != 0;
+    p.lead = ctx->saved_data["lead"].toIntVector();
+    p.mask = ctx->saved_data["mask"].toTensor();
+    p.scale = ctx->saved_data["scale"].toDouble();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const auto flat_out = [&](const Tensor& t) {
       return t.reshape({p.n, p.g, p.t_q, p.dv}).contiguous();
     };
-    auto [dq, dk, dv] =
-        backward_blocks(p, flat_queries(p, q, scale), flat_keys(p, k), flat_keys(p, v),
-                        flat_out(saved[3]), saved[4], flat_out(grads[0]));
-    return {dq.mul_(scale).view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), Tensor(),
-            Tensor()};
+    auto [dq, dk, dv] = backward_blocks(p, flat_queries(p, q), flat_keys(p, k), flat_keys(p, v),
+                                        flat_out(saved[3]), saved[4], flat_out(grads[0]));
+    return {dq.mul_(p.scale).view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), Tensor()};
   }
 
  private:
-  static Tensor flat_queries(const Problem& p, const Tensor& q, double scale) {
-    return q.mul(scale).reshape({p.n, p.g, p.t_q, p.d}).contiguous();
+  static Tensor flat_queries(const Problem& p, const Tensor& q) {
+    return q.mul(p.scale).reshape({p.n, p.g, p.t_q, p.d}).contiguous();
   }
   static Tensor flat_keys(const Problem& p, const Tensor& t) {
     return t.reshape({p.n, p.t_k, t.size(-1)}).contiguous();
@@ -269,44 +271,15 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
 
 }  // namespace
 
-functional::AttentionOutput chunked(const Tensor& query, const Tensor& key, const Tensor& value,
-                                    const functional::ScaledDotProductAttentionOptions& options,
-                                    int64_t block_size) {
-  TORCH_CHECK(!options.need_weights() && options.dropout_p() == 0.0,
-              "attention::functional::scaled_dot_product_attention: the Chunked backend computes "
-              "neither attention weights nor dropout; use Backend::Math (or Auto) for those");
+functional::AttentionOutput chunked(const Problem& problem, const Tensor& query, const Tensor& key,
+                                    const Tensor& value) {
+  // The tiles index the mask per query matrix: it is expanded (a view) to the scores' shape.
+  Problem p = problem;
+  p.mask = problem.expanded_mask();
   // Unbatched (T, d) inputs become one head of one batch.
   const bool unbatched = query.dim() == 2;
-  const Tensor q = unbatched ? query.unsqueeze(0) : query;
-  const Tensor k = unbatched ? key.unsqueeze(0) : key;
-  const Tensor v = unbatched ? value.unsqueeze(0) : value;
-
-  Problem p;
-  p.t_q = q.size(-2);
-  p.t_k = k.size(-2);
-  p.d = q.size(-1);
-  p.dv = v.size(-1);
-  p.g = q.size(-3) / k.size(-3);
-  p.n = 1;
-  for (int64_t i = 0; i < k.dim() - 2; ++i) p.n *= k.size(i);
-  p.block = block_size;
-  p.causal = options.is_causal();
-  p.lead = q.sizes().slice(0, q.dim() - 2).vec();
-  if (options.attn_mask().defined()) {
-    auto full = p.lead;
-    full.insert(full.end(), {p.t_q, p.t_k});
-    p.mask = options.attn_mask().expand(full);
-  }
-  const double scale =
-      options.scale() ? *options.scale() : 1.0 / std::sqrt(static_cast<double>(p.d));
-  if (p.n == 0 || p.t_q == 0 || p.t_k == 0) {
-    auto shape = q.sizes().vec();
-    shape.back() = p.dv;
-    auto empty = torch::zeros(shape, v.options());
-    return {unbatched ? empty.squeeze(0) : empty, {}};
-  }
-
-  auto out = ChunkedAttention::apply(q, k, v, p, scale);
+  const auto batched = [&](const Tensor& t) { return unbatched ? t.unsqueeze(0) : t; };
+  auto out = ChunkedAttention::apply(batched(query), batched(key), batched(value), p);
   return {unbatched ? out.squeeze(0) : out, {}};
 }
 

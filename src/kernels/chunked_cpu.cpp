@@ -84,7 +84,9 @@ ATTENTION_ALWAYS_INLINE void softmax_step(T* s, int64_t rows, int64_t cols, int6
       nan |= row[j] != row[j];
     }
     const T new_max = row_max > max[r] ? row_max : max[r];
-    if (nan) sum[r] = std::numeric_limits<T>::quiet_NaN();
+    // A NaN score, or a +inf one (whose exp relative to itself is inf/inf), leaves the row's
+    // softmax undefined: NaN, as the whole-matrix softmax gives.
+    if (nan || row_max == kInf) sum[r] = std::numeric_limits<T>::quiet_NaN();
     if (new_max == -kInf) {  // every key masked so far: nothing to add
       std::fill(row, row + cols, T(0));
       continue;
@@ -200,17 +202,9 @@ struct Matrices {
 template <typename T>
 class Forward {
  public:
-  Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-          Tensor& out, Tensor& lse)
-      : p_(p),
-        q_(q),
-        k_(k),
-        v_(v),
-        out_(out),
-        lse_(lse.data_ptr<T>()),
-        scale_(scale),
-        options_(q.options()),
-        offset_(p.t_k - p.t_q) {
+  Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+          Tensor& lse)
+      : p_(p), q_(q), k_(k), v_(v), out_(out), lse_(lse.data_ptr<T>()), options_(q.options()) {
     if (p.mask.defined()) mask_at_ = matrix_offsets(p.mask);
   }
 
@@ -250,7 +244,9 @@ class Forward {
     const int64_t keys = keys_end(p_, i0, rows);
     for (int64_t j0 = 0; j0 < keys; j0 += p_.block) {
       const int64_t cols = std::min(p_.block, keys - j0);
-      const int64_t seen = i0 + offset_ - j0 + 1;  // keys of the tile the first row sees
+      // Keys of the tile that the first row sees (visible_end before its clamp: rows above the
+      // first visible one count down from it).
+      const int64_t seen = i0 + 1 + p_.causal_offset - j0;
       const int64_t strip = p_.causal && seen < cols ? kDiagonalStrip : rows;
       for (int64_t r0 = 0; r0 < rows; r0 += strip) {
         const int64_t sr = std::min(strip, rows - r0);
@@ -278,7 +274,7 @@ class Forward {
     Tensor s = matrix(scores, rows, cols, ld);
     at::addmm_out(s, s, matrix(q_.row(h, i), rows, p_.d, q_.row_stride),
                   matrix(k_.row(kv, j0), cols, p_.d, k_.row_stride).t(), /*beta=*/0,
-                  /*alpha=*/scale_);
+                  /*alpha=*/p_.scale);
     if (p_.mask.defined()) apply_mask<T>(p_.mask, mask_at_[h], i, j0, scores, rows, cols, ld);
     dispatch_softmax_step(scores, rows, cols, ld, p_.causal, seen, w.max.data() + first,
                           w.sum.data() + first, acc, p_.dv);
@@ -289,9 +285,7 @@ class Forward {
   const Problem& p_;
   Matrices<T> q_, k_, v_, out_;
   T* lse_;
-  double scale_;
   torch::TensorOptions options_;
-  int64_t offset_;
   std::vector<int64_t> mask_at_;
 };
 
@@ -303,7 +297,7 @@ bool cpu_forward_applies(const Tensor& query) {
 }
 
 std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, const Tensor& key,
-                                      const Tensor& value, double scale) {
+                                      const Tensor& value) {
   // BLAS reads rows through their stride but wants each row contiguous.
   const auto rows_contiguous = [](const Tensor& t) {
     return t.stride(-1) == 1 ? t : t.contiguous();
@@ -314,7 +308,7 @@ std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, con
   Tensor out = empty_in_layout_of(q, sizes);
   Tensor lse = torch::empty({p.n, p.g, p.t_q}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_forward",
-                             [&] { Forward<scalar_t>(p, q, k, v, scale, out, lse).run(); });
+                             [&] { Forward<scalar_t>(p, q, k, v, out, lse).run(); });
   return {out, lse};
 }
 

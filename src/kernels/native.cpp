@@ -16,60 +16,59 @@ bool native_is_fused() {
   return TORCH_VERSION_MAJOR >= 2;
 }
 
-functional::AttentionOutput native(const torch::Tensor& query, const torch::Tensor& key,
-                                   const torch::Tensor& value,
-                                   const functional::ScaledDotProductAttentionOptions& options) {
-  TORCH_CHECK(!options.need_weights(),
-              "attention::functional::scaled_dot_product_attention: the Native backend returns no "
-              "attention weights; use Backend::Math (or Auto) for them");
-  const int64_t t_q = query.size(-2), t_k = key.size(-2);
+functional::AttentionOutput native(const Problem& p, const torch::Tensor& query,
+                                   const torch::Tensor& key, const torch::Tensor& value) {
   torch::Tensor k = key, v = value;
-  if (query.dim() >= 3 && query.size(-3) != key.size(-3)) {
+  if (p.g != 1) {
     // Grouped-query attention: LibTorch before 2.5 has no enable_gqa.
-    const int64_t group = query.size(-3) / key.size(-3);
-    k = key.repeat_interleave(group, -3);
-    v = value.repeat_interleave(group, -3);
+    k = key.repeat_interleave(p.g, -3);
+    v = value.repeat_interleave(p.g, -3);
   }
   // LibTorch aligns a causal mask to the top-left corner (here the queries are the last Tq
   // positions) and refuses is_causal with an explicit mask: in both cases the causal mask is made
   // explicit.
-  const auto& mask = options.attn_mask();
-  const bool builtin_causal = options.is_causal() && t_q == t_k && !mask.defined();
-  torch::Tensor hidden;  // true = masked (this library's convention)
-  if (options.is_causal() && !builtin_causal) hidden = causal_mask(t_q, t_k, query.device());
-  const bool float_mask = mask.defined() && mask.scalar_type() != at::kBool;
-  if (mask.defined() && !float_mask) hidden = hidden.defined() ? hidden.logical_or(mask) : mask;
+  const bool builtin_causal = p.causal && p.t_q == p.t_k && !p.mask.defined();
+  torch::Tensor hidden = builtin_causal ? torch::Tensor() : hidden_keys(p);  // true = hidden
+  torch::Tensor additive = additive_mask(p);
+  // LibTorch gives NaN for a query whose keys are all masked, and NaN gradients to every key in
+  // training. Such rows attend to everything here (finite values and gradients) and are zeroed
+  // afterwards, which also stops their gradient.
+  const torch::Tensor dead = builtin_causal ? torch::Tensor() : rows_without_keys(p);
+  if (dead.defined()) {
+    if (hidden.defined()) hidden = hidden.logical_and(dead.logical_not());
+    if (additive.defined())
+      additive = torch::where(dead, torch::zeros({}, additive.options()), additive);
+  }
   torch::Tensor native_mask;  // LibTorch's bool convention is the opposite: true = attend
-  if (float_mask) {
-    native_mask = hidden.defined() ? mask.masked_fill(hidden, -INFINITY) : mask;
+  if (additive.defined()) {
+    // where(), not masked_fill: either mask may have the smaller broadcast shape.
+    native_mask =
+        hidden.defined()
+            ? torch::where(hidden, torch::full({}, -INFINITY, additive.options()), additive)
+            : additive;
   } else if (hidden.defined()) {
     native_mask = hidden.logical_not();
   }
   // An undefined tensor is not "no mask" to LibTorch: it wants nullopt.
   const c10::optional<torch::Tensor> mask_arg =
       native_mask.defined() ? c10::optional<torch::Tensor>(native_mask) : c10::nullopt;
-  const double scale =
-      options.scale() ? *options.scale() : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
 
 #if TORCH_VERSION_MAJOR >= 2 && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 1)
-  torch::Tensor out = at::scaled_dot_product_attention(query, k, v, mask_arg, options.dropout_p(),
-                                                       builtin_causal, scale);
+  torch::Tensor out =
+      at::scaled_dot_product_attention(query, k, v, mask_arg, p.dropout_p, builtin_causal, p.scale);
 #else
   // No scale argument: LibTorch divides by sqrt(d), so the queries are rescaled to match.
   const torch::Tensor q =
-      options.scale() ? query * (scale * std::sqrt(static_cast<double>(query.size(-1)))) : query;
+      p.scale_is_default ? query : query * (p.scale * std::sqrt(static_cast<double>(p.d)));
 #if TORCH_VERSION_MAJOR >= 2
   torch::Tensor out =
-      at::scaled_dot_product_attention(q, k, v, mask_arg, options.dropout_p(), builtin_causal);
+      at::scaled_dot_product_attention(q, k, v, mask_arg, p.dropout_p, builtin_causal);
 #else
   torch::Tensor out = std::get<0>(at::_scaled_dot_product_attention(
-      q, k, v, mask_arg, options.dropout_p(), /*need_attn_weights=*/false, builtin_causal));
+      q, k, v, mask_arg, p.dropout_p, /*need_attn_weights=*/false, builtin_causal));
 #endif
 #endif
-  // LibTorch gives NaN for a query whose keys are all masked; this library gives zeros.
-  if (mask.defined() || (options.is_causal() && t_q > t_k)) {
-    out = out.masked_fill(dead_rows(hidden, float_mask ? mask : torch::Tensor()), 0.0);
-  }
+  if (dead.defined()) out = out.masked_fill(dead, 0.0);
   return {out, {}};
 }
 

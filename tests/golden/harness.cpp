@@ -32,7 +32,12 @@ std::vector<Case> read_manifest(const std::string& dir) {
     c.module = entry.at("module");
     c.args = entry.at("args");
     c.seed = entry.at("seed");
-    c.dtype = entry.at("dtype") == "float64" ? torch::kDouble : torch::kFloat;
+    const std::string dtype = entry.at("dtype");
+    c.dtype = dtype == "float64"    ? torch::kDouble
+              : dtype == "bfloat16" ? torch::kBFloat16
+                                    : torch::kFloat;
+    c.mode = entry.value("mode", "train");
+    c.path = entry.value("path", "math");
     c.inputs = entry.at("inputs").get<std::vector<std::string>>();
     c.forward = entry.at("forward");
     c.atol = entry.at("tolerance").at("atol");
@@ -68,17 +73,39 @@ Module make_multi_head_attention(const Case& c) {
           .causal(a.at("causal"))
           .d_in_kv(a.at("d_in_kv")));
   const auto f = c.forward;
-  return wrap(mha, [f](attention::MultiHeadAttention& m, const Module::Inputs& in) {
-    auto options = attention::MultiHeadAttentionForwardOptions()
-                       .need_weights(f.value("need_weights", false))
-                       .average_attn_weights(f.value("average_attn_weights", true));
-    for (const auto& [name, tensor] : in) {
-      if (name == "context") options.context(tensor);
-      if (name == "key_padding_mask") options.key_padding_mask(tensor);
-      if (name == "attn_mask") options.attn_mask(tensor);
-    }
-    return m(in.at("x"), options);
-  });
+  using attention::functional::Backend;
+  const std::map<std::string, Backend> backends = {{"auto", Backend::Auto},
+                                                   {"math", Backend::Math},
+                                                   {"chunked", Backend::Chunked},
+                                                   {"native", Backend::Native}};
+  const Backend backend = backends.at(f.value("backend", "auto"));
+  const auto decode = f.value("decode", std::vector<int64_t>{});
+  return wrap(mha,
+              [f, backend, decode](attention::MultiHeadAttention& m, const Module::Inputs& in) {
+                auto options = attention::MultiHeadAttentionForwardOptions()
+                                   .need_weights(f.value("need_weights", false))
+                                   .average_attn_weights(f.value("average_attn_weights", true))
+                                   .backend(backend);
+                for (const auto& [name, tensor] : in) {
+                  if (name == "context") options.context(tensor);
+                  if (name == "key_padding_mask") options.key_padding_mask(tensor);
+                  if (name == "attn_mask") options.attn_mask(tensor);
+                }
+                const auto& x = in.at("x");
+                if (decode.empty()) return m(x, options);
+                // Chunk by chunk through a KV cache: the concatenated outputs must equal one
+                // forward.
+                attention::KVCache cache(x.size(1));
+                options.kv_cache(&cache);
+                std::vector<torch::Tensor> outputs;
+                int64_t start = 0;
+                for (const int64_t n : decode) {
+                  outputs.push_back(m(x.narrow(1, start, n), options).output);
+                  start += n;
+                }
+                TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
+                return Output{torch::cat(outputs, 1), {}};
+              });
 }
 
 }  // namespace
@@ -139,7 +166,7 @@ void check_close(const std::string& what, const torch::Tensor& actual,
     result.failures.push_back(fmt::format("{}: shape differs from Python's", what));
     return;
   }
-  const auto diff = (actual.detach() - expected).abs();
+  const auto diff = (actual.detach().to(expected.scalar_type()) - expected).abs();
   const double max_diff = diff.numel() ? diff.max().item<double>() : 0.0;
   result.max_abs_diff = std::max(result.max_abs_diff, max_diff);
   const auto allowed = c.atol + c.rtol * expected.abs();
@@ -151,17 +178,47 @@ void check_close(const std::string& what, const torch::Tensor& actual,
 
 }  // namespace
 
+std::string path_name(attention::functional::Path path) {
+  using attention::functional::Path;
+  switch (path) {
+    case Path::None:
+      return "none";
+    case Path::Direct:
+      return "direct";
+    case Path::Math:
+      return "math";
+    case Path::ChunkedFused:
+      return "chunked_fused";
+    case Path::ChunkedTiles:
+      return "chunked_tiles";
+    case Path::Native:
+      return "native";
+  }
+  return "unknown";
+}
+
 Comparison compare(const Case& c, Module& m, const std::map<std::string, torch::Tensor>& golden) {
+  const bool train = c.mode == "train";
   Module::Inputs inputs;
   for (const auto& name : c.inputs) {
     auto input = golden.at("input." + name).clone();
-    inputs[name] = input.is_floating_point() ? input.requires_grad_(true) : input;
+    inputs[name] = input.is_floating_point() && train ? input.requires_grad_(true) : input;
   }
   for (auto& p : m.module->parameters()) p.mutable_grad() = torch::Tensor();
   Comparison result;
-  const auto out = m.forward(inputs);
+  const auto out = [&] {
+    if (train) return m.forward(inputs);
+    torch::NoGradGuard no_grad;
+    return m.forward(inputs);
+  }();
+  const auto path = path_name(attention::functional::last_path());
+  if (path != c.path) {
+    result.failures.push_back(
+        fmt::format("path: the forward took {}, the case is for {}", path, c.path));
+  }
   check_close("output", out.output, golden.at("output"), c, result);
   if (golden.count("weights")) check_close("weights", out.weights, golden.at("weights"), c, result);
+  if (!train) return result;
   out.output.backward(golden.at("grad_output"));
   for (const auto& [name, input] : inputs) {
     if (input.requires_grad()) {

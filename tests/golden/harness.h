@@ -29,6 +29,11 @@ struct Case {
   /// MultiHeadAttention's per-call options: context, key_padding_mask, attn_mask, need_weights,
   /// average_attn_weights.
   nlohmann::json forward;
+  /// "train" (forward and backward) or "inference" (no autograd: the output only).
+  std::string mode = "train";
+  /// The kernel the case is meant to exercise, as functional::last_path() names it after the
+  /// forward: "direct", "math", "chunked_fused", "chunked_tiles" or "native".
+  std::string path = "math";
   double atol = 0, rtol = 0;
   std::string weights_path;
   std::string tensors_path;
@@ -61,9 +66,14 @@ struct Comparison {
   std::vector<std::string> failures;  // "<tensor>: max |diff| <d> beyond tolerance"
 };
 
-/// Runs forward and backward of `m` on the case's inputs and compares the output, the attention
-/// weights when the case has them, and the gradient of every floating input and every parameter
-/// with Python's, within the case's tolerance.
+/// The name of a path as the manifest writes it.
+std::string path_name(attention::functional::Path path);
+
+/// Runs forward (and, for a training case, backward) of `m` on the case's inputs and compares the
+/// output, the attention weights when the case has them, and the gradient of every floating input
+/// and every parameter with Python's, within the case's tolerance. A case with forward["decode"]
+/// feeds its input in those chunks through a KV cache. Also checks that the forward took the
+/// case's path.
 Comparison compare(const Case& c, Module& m, const std::map<std::string, torch::Tensor>& golden);
 
 }  // namespace golden

@@ -1,0 +1,234 @@
+#include "kernels/problem.h"
+
+#include "detail.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+namespace attention {
+namespace kernels {
+namespace {
+
+using detail::shape_str;
+
+void check_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                   const char* caller) {
+  TORCH_CHECK_VALUE(q.defined() && k.defined() && v.defined(), caller,
+                    ": expected defined query, key and value tensors");
+  TORCH_CHECK_VALUE(q.dim() >= 2 && q.dim() == k.dim() && q.dim() == v.dim(), caller,
+                    ": expected query, key and value of the same rank >= 2, got query ",
+                    shape_str(q.sizes()), ", key ", shape_str(k.sizes()), ", value ",
+                    shape_str(v.sizes()));
+  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), caller,
+                   ": expected query, key and value of one dtype, got ", q.scalar_type(), ", ",
+                   k.scalar_type(), ", ", v.scalar_type());
+  TORCH_CHECK_TYPE(c10::isFloatingType(q.scalar_type()), caller,
+                   ": expected a floating-point dtype, got ", q.scalar_type());
+  // LibTorch has no CPU products in half precision: say so here rather than deep in a kernel.
+  TORCH_CHECK_TYPE(!(q.device().is_cpu() && q.scalar_type() == at::kHalf), caller,
+                   ": expected Float, Double or BFloat16 on the CPU, got Half");
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), caller,
+              ": expected query, key and value on one device, got ", q.device(), ", ", k.device(),
+              ", ", v.device());
+  TORCH_CHECK_VALUE(q.size(-1) == k.size(-1), caller,
+                    ": expected query and key with the same feature size, got query ",
+                    shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
+  TORCH_CHECK_VALUE(k.sizes().slice(0, k.dim() - 1) == v.sizes().slice(0, v.dim() - 1), caller,
+                    ": expected key and value that differ only in the last dimension, got key ",
+                    shape_str(k.sizes()), " and value ", shape_str(v.sizes()));
+  if (q.dim() == 2) return;
+  // The remainder is taken only once Hkv is known to be positive (or both head counts are 0).
+  const int64_t heads = q.size(-3), kv_heads = k.size(-3);
+  const bool heads_ok = q.sizes().slice(0, q.dim() - 3) == k.sizes().slice(0, k.dim() - 3) &&
+                        (kv_heads > 0 ? heads % kv_heads == 0 : heads == 0);
+  TORCH_CHECK_VALUE(heads_ok, caller,
+                    ": expected query (..., H, Tq, d) and key (..., Hkv, Tk, d) with equal leading "
+                    "dimensions and H a multiple of Hkv >= 1, got query ",
+                    shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
+}
+
+void check_projections(const torch::Tensor& x_q, const torch::Tensor& x_kv,
+                       const torch::Tensor& w_q, const torch::Tensor& w_k, const torch::Tensor& w_v,
+                       const char* caller) {
+  TORCH_CHECK_VALUE(
+      x_q.defined() && x_kv.defined() && w_q.defined() && w_k.defined() && w_v.defined(), caller,
+      ": expected defined x_q, x_kv, W_query, W_key and W_value tensors");
+  TORCH_CHECK_VALUE(x_q.dim() == 2 || x_q.dim() == 3, caller,
+                    ": expected x_q (T, d_in) or (B, T, d_in), got ", shape_str(x_q.sizes()));
+  TORCH_CHECK_VALUE(x_kv.dim() == x_q.dim() && (x_q.dim() == 2 || x_kv.size(0) == x_q.size(0)),
+                    caller, ": expected x_kv of the same rank and batch size as x_q ",
+                    shape_str(x_q.sizes()), ", got ", shape_str(x_kv.sizes()));
+  const int64_t d_in = x_q.size(-1), d_in_kv = x_kv.size(-1);
+  TORCH_CHECK_VALUE(w_q.dim() == 2 && w_q.size(0) == d_in, caller, ": expected W_query (", d_in,
+                    ", d_kq) for x_q ", shape_str(x_q.sizes()), ", got ", shape_str(w_q.sizes()));
+  const int64_t d_kq = w_q.size(1);
+  TORCH_CHECK_VALUE(w_k.dim() == 2 && w_k.size(0) == d_in_kv && w_k.size(1) == d_kq, caller,
+                    ": expected W_key (", d_in_kv, ", ", d_kq, ") for x_kv ",
+                    shape_str(x_kv.sizes()), " and W_query ", shape_str(w_q.sizes()), ", got ",
+                    shape_str(w_k.sizes()));
+  TORCH_CHECK_VALUE(w_v.dim() == 2 && w_v.size(0) == d_in_kv, caller, ": expected W_value (",
+                    d_in_kv, ", d_v) for x_kv ", shape_str(x_kv.sizes()), ", got ",
+                    shape_str(w_v.sizes()));
+  const auto dtype = x_q.scalar_type();
+  for (const auto* t : {&x_kv, &w_q, &w_k, &w_v}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == dtype, caller,
+                     ": expected x_q, x_kv, W_query, W_key and W_value of one dtype, got ", dtype,
+                     ", ", x_kv.scalar_type(), ", ", w_q.scalar_type(), ", ", w_k.scalar_type(),
+                     ", ", w_v.scalar_type());
+    TORCH_CHECK(t->device() == x_q.device(), caller,
+                ": expected x_q, x_kv, W_query, W_key and W_value on one device, got ",
+                x_q.device(), ", ", x_kv.device(), ", ", w_q.device(), ", ", w_k.device(), ", ",
+                w_v.device());
+  }
+  TORCH_CHECK_TYPE(c10::isFloatingType(dtype), caller, ": expected a floating-point dtype, got ",
+                   dtype);
+  TORCH_CHECK_TYPE(!(x_q.device().is_cpu() && dtype == at::kHalf), caller,
+                   ": expected Float, Double or BFloat16 on the CPU, got Half");
+}
+
+void check_options(const functional::ScaledDotProductAttentionOptions& o, const char* caller) {
+  TORCH_CHECK_VALUE(o.dropout_p() >= 0.0 && o.dropout_p() < 1.0, caller,
+                    ": expected dropout_p in [0, 1), got ", o.dropout_p());
+  TORCH_CHECK_VALUE(!o.scale() || std::isfinite(*o.scale()), caller,
+                    ": expected a finite scale, got ", o.scale() ? *o.scale() : 0.0);
+  TORCH_CHECK_VALUE(o.block_size() > 0, caller, ": expected block_size > 0, got ", o.block_size());
+}
+
+void check_mask(const torch::Tensor& mask, const torch::Tensor& q, c10::IntArrayRef scores,
+                const char* caller) {
+  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool || mask.scalar_type() == q.scalar_type(), caller,
+                   ": expected attn_mask of dtype bool (true = masked out) or ", q.scalar_type(),
+                   " (additive), got ", mask.scalar_type());
+  TORCH_CHECK(mask.device() == q.device(), caller, ": expected attn_mask on device ", q.device(),
+              ", got ", mask.device());
+  TORCH_CHECK_VALUE(detail::broadcastable_to(mask.sizes(), scores), caller,
+                    ": expected attn_mask broadcastable to the scores ", shape_str(scores),
+                    ", got ", shape_str(mask.sizes()));
+}
+
+}  // namespace
+
+std::vector<int64_t> Problem::score_sizes() const {
+  auto sizes = lead;
+  sizes.insert(sizes.end(), {t_q, t_k});
+  return sizes;
+}
+
+std::vector<int64_t> Problem::output_sizes() const {
+  auto sizes = lead;
+  sizes.insert(sizes.end(), {t_q, dv});
+  return sizes;
+}
+
+torch::Tensor Problem::expanded_mask() const {
+  return mask.defined() ? mask.expand(score_sizes()) : mask;
+}
+
+namespace {
+
+// The shapes of a problem's query, key and value, whether given or still to be projected.
+struct Shapes {
+  c10::IntArrayRef q, k, v;
+};
+
+// Describes a problem whose tensors (or projections) have been checked against each other; the
+// options and the mask are checked here.
+Problem describe(const Shapes& shapes, const torch::Tensor& like,
+                 const functional::ScaledDotProductAttentionOptions& options, bool records_grad,
+                 const char* caller) {
+  check_options(options, caller);
+  const auto q = shapes.q, k = shapes.k, v = shapes.v;
+  const size_t rank = q.size();
+  Problem p;
+  p.caller = caller;
+  p.lead = q.slice(0, rank - 2).vec();
+  p.t_q = q[rank - 2];
+  p.t_k = k[rank - 2];
+  p.d = q[rank - 1];
+  p.dv = v[rank - 1];
+  if (rank >= 3) {
+    p.heads = q[rank - 3];
+    p.kv_heads = k[rank - 3];
+    p.g = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;
+  }
+  for (size_t i = 0; i + 2 < rank; ++i) p.n *= k[i];
+  p.causal = options.is_causal();
+  p.causal_offset = p.t_k - p.t_q;
+  p.dtype = like.scalar_type();
+  p.device = like.device();
+  p.scale = options.scale() ? *options.scale()
+                            : (p.d > 0 ? 1.0 / std::sqrt(static_cast<double>(p.d)) : 1.0);
+  p.scale_is_default = !options.scale();
+  p.dropout_p = options.dropout_p();
+  p.need_weights = options.need_weights();
+  p.backend = options.backend();
+  const int64_t longest = std::max<int64_t>(1, std::max(p.t_q, p.t_k));
+  p.block = std::clamp<int64_t>(options.block_size(), 1, std::min(kMaxBlockSize, longest));
+  const auto& mask = options.attn_mask();
+  if (mask.defined()) {
+    check_mask(mask, like, p.score_sizes(), caller);
+    p.mask = mask;
+    p.mask_is_bool = mask.scalar_type() == at::kBool;
+    p.mask_needs_grad = !p.mask_is_bool && detail::records_grad({mask});
+  }
+  p.needs_grad = p.mask_needs_grad || records_grad;
+  return p;
+}
+
+}  // namespace
+
+Problem make_problem(const torch::Tensor& query, const torch::Tensor& key,
+                     const torch::Tensor& value,
+                     const functional::ScaledDotProductAttentionOptions& options,
+                     const char* caller) {
+  check_tensors(query, key, value, caller);
+  return describe({query.sizes(), key.sizes(), value.sizes()}, query, options,
+                  detail::records_grad({query, key, value}), caller);
+}
+
+Problem make_projected_problem(const torch::Tensor& x_q, const torch::Tensor& x_kv,
+                               const torch::Tensor& w_query, const torch::Tensor& w_key,
+                               const torch::Tensor& w_value,
+                               const functional::ScaledDotProductAttentionOptions& options,
+                               const char* caller) {
+  check_projections(x_q, x_kv, w_query, w_key, w_value, caller);
+  // The projections (..., T, d_in) x (d_in, d_out) keep every dim but the last.
+  c10::SmallVector<int64_t, 3> q(x_q.sizes().begin(), x_q.sizes().end());
+  c10::SmallVector<int64_t, 3> k(x_kv.sizes().begin(), x_kv.sizes().end()), v = k;
+  q.back() = w_query.size(1);
+  k.back() = w_key.size(1);
+  v.back() = w_value.size(1);
+  return describe({q, k, v}, x_q, options,
+                  detail::records_grad({x_q, x_kv, w_query, w_key, w_value}), caller);
+}
+
+torch::Tensor hidden_keys(const Problem& p) {
+  torch::Tensor hidden;
+  if (p.causal) {
+    // Key j is hidden from query i when j >= visible_end(p, i) = i + 1 + offset.
+    hidden =
+        torch::ones({p.t_q, p.t_k}, torch::TensorOptions().dtype(torch::kBool).device(p.device))
+            .triu(p.causal_offset + 1);
+  }
+  if (p.mask.defined() && p.mask_is_bool) {
+    hidden = hidden.defined() ? hidden.logical_or(p.mask) : p.mask;
+  }
+  return hidden;
+}
+
+torch::Tensor additive_mask(const Problem& p) {
+  return p.mask_is_bool ? torch::Tensor() : p.mask;
+}
+
+torch::Tensor rows_without_keys(const Problem& p) {
+  const auto hidden = hidden_keys(p);
+  const auto additive = additive_mask(p);
+  torch::Tensor blocked = additive.defined() ? additive.isneginf() : hidden;
+  if (additive.defined() && hidden.defined()) blocked = blocked.logical_or(hidden);
+  return blocked.defined() ? blocked.all(-1, /*keepdim=*/true) : torch::Tensor();
+}
+
+}  // namespace kernels
+}  // namespace attention

@@ -1,0 +1,102 @@
+#pragma once
+
+// One validated attention problem: what functional::scaled_dot_product_attention and
+// projected_attention establish once about their inputs, and the one description every backend
+// reads. No backend looks at the options or re-derives shapes, causality or masking on its own;
+// the helpers below are the only definitions of "which keys can a query see".
+
+#include <attention/functional.h>
+
+#include <torch/types.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace attention {
+namespace kernels {
+
+/// The largest block size the Chunked backend uses: larger requests are clamped to it (and to
+/// the sequence lengths), so that a thread's tile of scores stays at most 16 MiB (float).
+constexpr int64_t kMaxBlockSize = 2048;
+
+/// Queries (..., H, Tq, d), keys (..., Hkv, Tk, d), values (..., Hkv, Tk, dv), with H = Hkv x G.
+/// Flattened, there are N = (...) x Hkv key/value matrices and N x G query matrices: query
+/// matrix h reads key/value matrix h / G. Rank-2 inputs are one head (H = Hkv = 1, no lead).
+struct Problem {
+  const char* caller = "";          // the public function, for messages
+  std::vector<int64_t> lead;        // (..., H): the leading dims of the scores; empty at rank 2
+  int64_t heads = 1, kv_heads = 1;  // H and Hkv
+  int64_t g = 1;                    // query heads per key/value head
+  int64_t n = 1;                    // key/value matrices
+  int64_t t_q = 0, t_k = 0, d = 0, dv = 0;
+  bool causal = false;
+  int64_t causal_offset = 0;  // t_k - t_q: query i sees keys j <= i + causal_offset
+  /// The user's mask as given: undefined, bool (true = hidden) or additive (same dtype as q).
+  torch::Tensor mask;
+  bool mask_is_bool = false;
+  /// The additive mask is an autograd input of this call (grad mode on and it requires grad).
+  bool mask_needs_grad = false;
+  /// Autograd records this call: a gradient is wanted for q, k, v or the mask.
+  bool needs_grad = false;
+  double scale = 1.0;
+  /// No scale was given: scale is 1/sqrt(d) (1 when d = 0, where every score is 0).
+  bool scale_is_default = true;
+  double dropout_p = 0.0;
+  bool need_weights = false;
+  functional::Backend backend = functional::Backend::Auto;
+  int64_t block = 1;  // the Chunked block size, clamped to [1, min(kMaxBlockSize, max(Tq, Tk))]
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+
+  /// Nothing to attend: no query, no key or no head.
+  bool empty() const { return n == 0 || t_q == 0 || t_k == 0; }
+  /// The shape of the scores, (..., H, Tq, Tk).
+  std::vector<int64_t> score_sizes() const;
+  /// The shape of the output, (..., H, Tq, dv).
+  std::vector<int64_t> output_sizes() const;
+  /// The user's mask expanded (a view) to the scores' shape; undefined without a mask.
+  torch::Tensor expanded_mask() const;
+};
+
+/// Validates query, key, value and options and describes the problem. Throws c10::ValueError for
+/// shapes and option values, c10::TypeError for dtypes, c10::Error for devices; each message
+/// names `caller`, what it expected and what it got.
+Problem make_problem(const torch::Tensor& query, const torch::Tensor& key,
+                     const torch::Tensor& value,
+                     const functional::ScaledDotProductAttentionOptions& options,
+                     const char* caller);
+
+/// The same for projected_attention: checks x_q (T, d_in) or (B, T, d_in), x_kv of the same rank
+/// and batch, W_query (d_in, d_kq), W_key (d_in_kv, d_kq), W_value (d_in_kv, d_v), one dtype and
+/// device, then describes the problem of the projections without computing them.
+Problem make_projected_problem(const torch::Tensor& x_q, const torch::Tensor& x_kv,
+                               const torch::Tensor& w_query, const torch::Tensor& w_key,
+                               const torch::Tensor& w_value,
+                               const functional::ScaledDotProductAttentionOptions& options,
+                               const char* caller);
+
+/// The keys [0, end) that causality lets query i see (all Tk when not causal). Queries are the
+/// last Tq of the Tk positions, so query i sees keys j <= i + Tk - Tq.
+inline int64_t visible_end(const Problem& p, int64_t i) {
+  if (!p.causal) return p.t_k;
+  return std::clamp<int64_t>(i + 1 + p.causal_offset, 0, p.t_k);
+}
+
+/// Where the keys seen by query block [i0, i0 + rows) end.
+inline int64_t keys_end(const Problem& p, int64_t i0, int64_t rows) {
+  return visible_end(p, i0 + rows - 1);
+}
+
+/// The keys hidden from each query by causality and by a bool mask, true = hidden, broadcastable
+/// to the scores; undefined when nothing is hidden that way.
+torch::Tensor hidden_keys(const Problem& p);
+
+/// The additive mask, undefined when the mask is bool or absent.
+torch::Tensor additive_mask(const Problem& p);
+
+/// Query rows (..., Tq, 1) that see no key at all through the masks (hidden_keys and the -inf
+/// entries of the additive mask); undefined when no row can be in that state.
+torch::Tensor rows_without_keys(const Problem& p);
+
+}  // namespace kernels
+}  // namespace attention

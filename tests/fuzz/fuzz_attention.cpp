@@ -1,0 +1,160 @@
+// libFuzzer target: differential testing of scaled_dot_product_attention. Shapes, options, masks
+// and values come from the fuzz input; Math in float64 is the reference. Every backend must either
+// raise a c10::Error or agree with the reference wherever the reference is finite (so never NaN
+// where Math is finite). A disagreement aborts with the case printed.
+
+#include <attention/functional.h>
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+namespace {
+
+namespace F = attention::functional;
+
+// Reads the fuzz input a byte at a time; zeros once it runs out.
+class Bytes {
+ public:
+  Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t next() { return pos_ < size_ ? data_[pos_++] : 0; }
+  int64_t below(int64_t n) { return next() % n; }
+
+  // Finite values in [-8, 8], with NaN, +inf and -inf now and then: large enough scores to test
+  // the softmax's range handling, small enough that float32 and float64 agree to ~1e-4.
+  double value() {
+    const uint8_t b = next();
+    if (b == 255) return std::numeric_limits<double>::quiet_NaN();
+    if (b == 254) return std::numeric_limits<double>::infinity();
+    if (b == 253) return -std::numeric_limits<double>::infinity();
+    return (static_cast<double>(b) - 126.0) / 16.0;
+  }
+
+  torch::Tensor tensor(const std::vector<int64_t>& shape, torch::Dtype dtype) {
+    auto t = torch::empty(shape, torch::kDouble);
+    auto* p = t.data_ptr<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = value();
+    return t.to(dtype);
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+[[noreturn]] void disagree(const char* backend, const char* what, double diff) {
+  std::fprintf(stderr, "fuzz-attention: %s disagrees with Math (float64): %s (max |diff| %g)\n",
+               backend, what, diff);
+  std::abort();
+}
+
+void compare(const char* backend, const torch::Tensor& got, const torch::Tensor& ref,
+             bool float32) {
+  if (got.sizes() != ref.sizes()) disagree(backend, "output shape", 0);
+  const auto g = got.to(torch::kDouble);
+  const auto finite = torch::isfinite(ref);
+  if (torch::logical_and(finite, torch::logical_not(torch::isfinite(g))).any().item<bool>()) {
+    disagree(backend, "non-finite where Math is finite", 0);
+  }
+  const auto zero = torch::zeros({}, ref.options());
+  const auto diff = (torch::where(finite, g, zero) - torch::where(finite, ref, zero)).abs();
+  const double tol = float32 ? 2e-3 : 1e-9;
+  const double max_diff = diff.numel() ? diff.max().item<double>() : 0.0;
+  if (max_diff > tol) disagree(backend, "values", max_diff);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool once = [] {
+    at::set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+  Bytes in(data, size);
+  const int64_t rank = 2 + in.below(4);
+  std::vector<int64_t> lead;
+  for (int64_t i = 0; i + 3 < rank; ++i) lead.push_back(in.below(3));
+  const int64_t kv_heads = in.below(8) == 0 ? 0 : 1 + in.below(3);
+  const int64_t heads = kv_heads * (1 + in.below(3));
+  const int64_t t_q = in.below(40), t_k = in.below(40), d = in.below(10), dv = 1 + in.below(8);
+  const bool float32 = in.below(2) == 0;
+  const auto dtype = float32 ? torch::kFloat : torch::kDouble;
+
+  auto shape = [&](int64_t h, int64_t t, int64_t f) {
+    auto s = lead;
+    if (rank >= 3) s.push_back(h);
+    s.insert(s.end(), {t, f});
+    return s;
+  };
+  const auto q = in.tensor(shape(heads, t_q, d), dtype);
+  const auto k = in.tensor(shape(kv_heads, t_k, d), dtype);
+  const auto v = in.tensor(shape(kv_heads, t_k, dv), dtype);
+
+  F::ScaledDotProductAttentionOptions options;
+  options.is_causal(in.below(2) == 1);
+  const int64_t scale = in.below(6);
+  if (scale > 0) options.scale(std::vector<double>{0.5, 2.0, -1.0, 0.0, 0.125}[scale - 1]);
+  options.block_size(in.below(8) == 0 ? (int64_t{1} << 40) : 1 + in.below(70));
+  auto scores = shape(heads, t_q, t_k);
+  switch (in.below(5)) {
+    case 1:  // bool, full
+      options.attn_mask(in.tensor(scores, torch::kDouble) > 2.0);
+      break;
+    case 2:  // bool, key padding
+      options.attn_mask(in.tensor({t_k}, torch::kDouble) > 1.0);
+      break;
+    case 3:  // additive, full
+      options.attn_mask(in.tensor(scores, dtype));
+      break;
+    case 4:  // additive, (Tq, Tk)
+      options.attn_mask(in.tensor({t_q, t_k}, dtype));
+      break;
+    default:
+      break;
+  }
+
+  auto reference = options;
+  reference.backend(F::Backend::Math);
+  if (reference.attn_mask().defined() && reference.attn_mask().is_floating_point()) {
+    reference.attn_mask(reference.attn_mask().to(torch::kDouble));
+  }
+  torch::Tensor ref;
+  try {
+    ref = F::scaled_dot_product_attention(q.to(torch::kDouble), k.to(torch::kDouble),
+                                          v.to(torch::kDouble), reference)
+              .output;
+  } catch (const c10::Error&) {
+    // Refused input: every backend must refuse it too (validation comes before any backend).
+    for (auto backend : {F::Backend::Chunked, F::Backend::Native, F::Backend::Auto}) {
+      bool refused = false;
+      try {
+        F::scaled_dot_product_attention(q, k, v, options.backend(backend));
+      } catch (const c10::Error&) {
+        refused = true;
+      }
+      if (!refused) disagree("a backend", "accepted what Math refused", 0);
+    }
+    return 0;
+  }
+  const std::pair<F::Backend, const char*> backends[] = {{F::Backend::Math, "Math"},
+                                                         {F::Backend::Chunked, "Chunked"},
+                                                         {F::Backend::Native, "Native"},
+                                                         {F::Backend::Auto, "Auto"}};
+  for (const auto& [backend, name] : backends) {
+    torch::Tensor out;
+    try {
+      out = F::scaled_dot_product_attention(q, k, v, options.backend(backend)).output;
+    } catch (const c10::Error&) {
+      continue;  // a backend may refuse what it cannot do, with a c10::Error
+    }
+    compare(name, out, ref, float32);
+  }
+  return 0;
+}
