@@ -66,7 +66,13 @@ void append(std::string& s, const std::vector<std::string>& items, size_t width,
 }  // namespace
 
 std::string format_tensor(const at::Tensor& tensor, int precision) {
+  TORCH_CHECK_VALUE(precision >= 0 && precision <= 17,
+                    "attention::format_tensor: expected a precision in [0, 17], got ", precision);
   if (!tensor.defined()) return "[ Tensor (undefined) ]";
+  TORCH_CHECK_TYPE(!tensor.is_complex(), "attention::format_tensor: expected a real tensor, got ",
+                   tensor.scalar_type());
+  TORCH_CHECK(!tensor.is_meta(),
+              "attention::format_tensor: expected a tensor with data, got one on the meta device");
   at::Tensor t = tensor.detach().cpu();
   auto items = format_elements(t.reshape({-1}), precision);
   size_t width = 0;
@@ -86,6 +92,7 @@ std::string format_tensor(const at::Tensor& tensor, int precision) {
 }
 
 std::string format_shape(const at::Tensor& tensor) {
+  TORCH_CHECK_VALUE(tensor.defined(), "attention::format_shape: expected a defined tensor");
   return fmt::format("torch.Size([{}])", fmt::join(tensor.sizes(), ", "));
 }
 

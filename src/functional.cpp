@@ -58,8 +58,8 @@ AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const
                     const torch::Tensor& value) {
   const Backend backend = p.backend == Backend::Auto ? choose(p, query, key) : p.backend;
   check_supported(p, backend, query, key);
-  // Nothing to attend: every backend gives what whole matrices give (empty or zero outputs).
-  if (p.empty() || backend == Backend::Math) {
+  // Nothing to attend, or nothing to multiply: every backend gives what whole matrices give.
+  if (p.degenerate() || backend == Backend::Math) {
     last = Path::Math;
     return kernels::math(p, query, key, value);
   }

@@ -57,6 +57,11 @@ std::string heatmap_svg(const torch::Tensor& weights, const std::vector<std::str
                     "attention::heatmap_svg: expected weights (", row_labels.size(), ", ",
                     column_labels.size(), ") matching the labels, got ",
                     weights.defined() ? detail::shape_str(weights.sizes()) : "undefined");
+  TORCH_CHECK_TYPE(!weights.is_complex(), "attention::heatmap_svg: expected real weights, got ",
+                   weights.scalar_type());
+  TORCH_CHECK(
+      !weights.is_meta(),
+      "attention::heatmap_svg: expected weights with data, got a tensor on the meta device");
   const auto values = weights.detach().to(torch::kCPU, torch::kDouble).contiguous();
   const double* v = values.data_ptr<double>();
   const int64_t rows = values.size(0), cols = values.size(1);

@@ -129,6 +129,9 @@ LoadReport load_weights(torch::nn::Module& module, const std::string& path,
 
 LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data, std::size_t size,
                                     const LoadOptions& options, const std::string& path) {
+  TORCH_CHECK_VALUE(data != nullptr || size == 0,
+                    "attention::load_weights_from_memory: expected data for ", size,
+                    " bytes, got a null pointer (", path, ")");
   LoadReport report;
   const NamedTensors file =
       read_weights(std::string(data, size), path, options.trusted(), report.format);

@@ -382,6 +382,31 @@ std::vector<BadInput> cases() {
          attention::heatmap_svg(torch::rand({1, 1, 1}), {"a"}, {"a"});
        },
        Kind::Value, "expected weights (1, 1) matching the labels, got (1, 1, 1)"},
+      {"heatmap: complex weights",
+       [] {
+         attention::heatmap_svg(torch::ones({1, 1}, torch::kComplexFloat), {"a"}, {"a"});
+       },
+       Kind::Type, "attention::heatmap_svg: expected real weights, got ComplexFloat"},
+      {"heatmap: weights without data",
+       [=] {
+         attention::heatmap_svg(meta({1, 1}), {"a"}, {"a"});
+       },
+       Kind::Other, "expected weights with data, got a tensor on the meta device"},
+      {"format: negative precision", [] { attention::format_tensor(torch::ones({2}), -1); },
+       Kind::Value, "attention::format_tensor: expected a precision in [0, 17], got -1"},
+      {"format: complex tensor",
+       [] { attention::format_tensor(torch::ones({2}, torch::kComplexFloat)); }, Kind::Type,
+       "attention::format_tensor: expected a real tensor, got ComplexFloat"},
+      {"format: tensor without data", [=] { attention::format_tensor(meta({2})); }, Kind::Other,
+       "expected a tensor with data, got one on the meta device"},
+      {"format: shape of an undefined tensor", [] { attention::format_shape(torch::Tensor()); },
+       Kind::Value, "attention::format_shape: expected a defined tensor"},
+      {"load_weights_from_memory: null data",
+       [] {
+         auto m = attention::SelfAttention(3, 2, 4);
+         attention::load_weights_from_memory(*m, nullptr, 10);
+       },
+       Kind::Value, "expected data for 10 bytes, got a null pointer (<memory>)"},
       {"heatmap: labels",
        [] {
          attention::heatmap_svg(torch::rand({2, 2}), {"a"}, {"a", "b"});

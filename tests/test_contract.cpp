@@ -290,6 +290,17 @@ std::vector<Class> table() {
            x.options.attn_mask(torch::rand({1, 1, 1, 520}) < 0.1).block_size(96);
          });
        }},
+      {"a float mask that requires grad, large enough for Auto to pick Chunked without it",
+       [] {
+         return with(qkv({1, 4, 520, 8}, {1, 4, 520, 8}, 8), [](Inputs& x) {
+           x.options.attn_mask(randn({1, 1, 520, 520}));
+           x.mask_grad = true;
+         });
+       },
+       [](Backend b, bool grad) -> std::optional<std::string> {
+         if (b == Backend::Chunked && grad) return std::string("does not differentiate attn_mask");
+         return std::nullopt;
+       }},
       {"block_size far beyond the sequence (clamped)",
        [] {
          return with(qkv({1, 2, 37, 8}, {1, 2, 41, 8}, 5),

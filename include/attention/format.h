@@ -13,10 +13,13 @@
 
 namespace attention {
 
-/// The tensor as PyTorch's `print(t)` shows it (without grad_fn), `precision` decimals.
+/// The tensor as PyTorch's `print(t)` shows it (without grad_fn), `precision` decimals; an
+/// undefined tensor as LibTorch prints it. Throws c10::ValueError for a precision outside
+/// [0, 17], c10::TypeError for complex tensors, c10::Error for tensors without data (meta).
 std::string format_tensor(const at::Tensor& tensor, int precision = 4);
 
-/// The shape as PyTorch's `print(t.shape)` shows it: `torch.Size([6, 3])`.
+/// The shape as PyTorch's `print(t.shape)` shows it: `torch.Size([6, 3])`. Throws
+/// c10::ValueError for an undefined tensor, which has no shape.
 std::string format_shape(const at::Tensor& tensor);
 
 }  // namespace attention

@@ -19,7 +19,8 @@ namespace attention {
 /// the picture back. Labels are XML-escaped.
 ///
 /// Throws c10::ValueError unless `weights` is 2-D with as many rows as `row_labels` and as many
-/// columns as `column_labels`.
+/// columns as `column_labels`, c10::TypeError for complex weights, c10::Error for weights without
+/// data (meta).
 std::string heatmap_svg(const torch::Tensor& weights, const std::vector<std::string>& row_labels,
                         const std::vector<std::string>& column_labels,
                         const std::string& title = "");

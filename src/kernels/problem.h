@@ -48,8 +48,9 @@ struct Problem {
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
 
-  /// Nothing to attend: no query, no key or no head.
-  bool empty() const { return n == 0 || t_q == 0 || t_k == 0; }
+  /// Nothing for a blockwise kernel to do: no query, key or head, or no query or value features
+  /// (every score 0, or an empty output). Every backend hands such problems to Math.
+  bool degenerate() const { return n == 0 || t_q == 0 || t_k == 0 || d == 0 || dv == 0; }
   /// The shape of the scores, (..., H, Tq, Tk).
   std::vector<int64_t> score_sizes() const;
   /// The shape of the output, (..., H, Tq, dv).
