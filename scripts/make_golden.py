@@ -7,12 +7,15 @@ the same weights as safetensors (written by scripts/safetensors_io.py), and
 <name>.tensors.pt, a plain dict of tensors (torch.save): the inputs ("input.<arg>"),
 the upstream gradient ("grad_output"), the output ("output") and the gradient of the output
 against every input and parameter ("grad.<arg>", "grad.<parameter name>"). manifest.json lists
-every case. Two runs write identical tensors.
+every case, with the kernel each is meant to exercise ("path") and whether it runs with autograd
+("mode": "train") or without ("inference": inputs and output only). Two runs on one machine write
+identical tensors.
 
     scripts/make_golden.py                 # rewrite models/golden/
     scripts/make_golden.py --out DIR       # write elsewhere
     scripts/make_golden.py --verify        # regenerate into a temporary folder and compare with
-                                           # models/golden/; exit 1 naming every drifted case
+                                           # models/golden/ (seeded tensors bit for bit, computed
+                                           # ones within tolerance); exit 1 naming every drift
 """
 
 import argparse

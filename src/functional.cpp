@@ -13,8 +13,8 @@ constexpr const char* kProjected = "attention::functional::projected_attention";
 
 thread_local Path last = Path::None;
 
-bool has_infinity(const torch::Tensor& t) {
-  return t.numel() > 0 && t.isinf().any().item<bool>();
+bool has_nonfinite(const torch::Tensor& t) {
+  return t.numel() > 0 && !torch::isfinite(t).all().item<bool>();
 }
 
 // What each backend cannot do, refused before it runs, with the backend named.
@@ -32,9 +32,11 @@ void check_supported(const kernels::Problem& p, Backend backend, const torch::Te
     TORCH_CHECK(!p.need_weights, p.caller,
                 ": the Native backend returns no attention weights; use Backend::Math (or Auto) "
                 "for them");
-    TORCH_CHECK(!has_infinity(q) && !has_infinity(k), p.caller,
-                ": the Native backend cannot take infinite queries or keys (LibTorch gives NaN "
-                "where a query's scores are all -inf); use Backend::Math or Chunked");
+    // LibTorch adds its masks to the scores, so a NaN score stays NaN where it is masked, and it
+    // gives NaN where a query's scores are all -inf: both differ from the other backends.
+    TORCH_CHECK(!has_nonfinite(q) && !has_nonfinite(k), p.caller,
+                ": the Native backend cannot take non-finite queries or keys; use Backend::Math "
+                "or Chunked");
   }
 }
 
@@ -46,8 +48,8 @@ Backend choose(const kernels::Problem& p, const torch::Tensor& q, const torch::T
   if (p.need_weights || p.dropout_p > 0.0 || p.mask_needs_grad) return Backend::Math;
   const double scores = static_cast<double>(p.n * p.g * p.t_q) * static_cast<double>(p.t_k);
   if (scores < static_cast<double>(kAutoChunkedScores)) return Backend::Math;
-  if (kernels::native_is_fused() && p.needs_grad && !p.mask.defined() && !has_infinity(q) &&
-      !has_infinity(k)) {
+  if (kernels::native_is_fused() && p.needs_grad && !p.mask.defined() && !has_nonfinite(q) &&
+      !has_nonfinite(k)) {
     return Backend::Native;
   }
   return Backend::Chunked;

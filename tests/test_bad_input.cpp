@@ -231,7 +231,10 @@ std::vector<BadInput> cases() {
        Kind::Other, "the Chunked backend does not differentiate attn_mask"},
       {"sdpa: infinite keys on Native",
        sdpa(q, k.clone().fill_(-INFINITY), v, O().backend(F::Backend::Native)), Kind::Other,
-       "the Native backend cannot take infinite queries or keys"},
+       "the Native backend cannot take non-finite queries or keys"},
+      {"sdpa: NaN in a query on Native",
+       sdpa(q.clone().fill_(NAN), k, v, O().backend(F::Backend::Native)), Kind::Other,
+       "the Native backend cannot take non-finite queries or keys"},
       // projected_attention (the article modules' functional form and its direct path)
       {"projected: W_query rows beyond x_q's features",
        [] {
@@ -354,6 +357,12 @@ std::vector<BadInput> cases() {
       {"to_fused: d_out_kq != d_out_v",
        [] { attention::to_fused(*attention::MultiHeadAttentionWrapper(3, 2, 4, 2)); }, Kind::Value,
        "attention::to_fused: expected a wrapper with"},
+      {"from_torch: separate key and value sizes",
+       [] {
+         attention::from_torch(*torch::nn::MultiheadAttention(
+             torch::nn::MultiheadAttentionOptions(8, 2).kdim(4).vdim(4)));
+       },
+       Kind::Value, "attention::from_torch: expected a torch::nn::MultiheadAttention without"},
       // weights and safetensors
       {"load_weights: missing file",
        [] {

@@ -56,8 +56,8 @@ std::optional<std::string> none(Backend, bool) {
   return std::nullopt;
 }
 
-std::optional<std::string> no_infinite_qk(Backend b, bool) {
-  if (b == Backend::Native) return std::string("the Native backend cannot take infinite");
+std::optional<std::string> finite_qk_only_on_native(Backend b, bool) {
+  if (b == Backend::Native) return std::string("the Native backend cannot take non-finite");
   return std::nullopt;
 }
 
@@ -163,12 +163,25 @@ std::vector<Class> table() {
        [] {
          return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3),
                      [](Inputs& x) { x.q[0][1][2][0] = std::nan(""); });
-       }},
+       },
+       finite_qk_only_on_native},
       {"NaN in a key seen by every query",
        [] {
          return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3),
                      [](Inputs& x) { x.k[0][0][0][1] = std::nan(""); });
-       }},
+       },
+       finite_qk_only_on_native},
+      {"NaN in a key hidden from some queries (by causality and by a bool mask)",
+       [=] {
+         return with(causal(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3)), [](Inputs& x) {
+           x.k[0][0][6][1] = std::nan("");
+           x.k[0][1][2][0] = std::nan("");
+           auto mask = torch::zeros({5, 7}, torch::kBool);
+           mask.select(1, 2).fill_(true);
+           x.options.attn_mask(mask);
+         });
+       },
+       finite_qk_only_on_native},
       {"NaN in a visible value",
        [] {
          return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3),
@@ -189,7 +202,7 @@ std::vector<Class> table() {
            x.k[0][0][3].fill_(-kInf);
          });
        },
-       no_infinite_qk},
+       finite_qk_only_on_native},
       {"-inf keys for a whole row of scores (that row is zero)",
        [] {
          return with(qkv({1, 1, 3, 2}, {1, 1, 4, 2}, 3), [](Inputs& x) {
@@ -197,7 +210,7 @@ std::vector<Class> table() {
            x.k.fill_(-kInf);
          });
        },
-       no_infinite_qk},
+       finite_qk_only_on_native},
       {"empty Tq",
        [] {
          return qkv({2, 2, 0, 4}, {2, 2, 7, 4}, 3);

@@ -192,11 +192,15 @@ std::tuple<Tensor, Tensor, Tensor> backward_blocks(const Problem& p, const Tenso
         auto probs = front(b.s, {count, rows, bk});
         at::bmm_out(probs, q_rows, k_blk.transpose(1, 2));
         mask_tile(p, masks, probs, i0, bq, j0, bk);
-        probs.sub_(lse_blk).exp_();
+        // A hidden key gets probability and score gradient 0 even in a row whose log-sum-exp
+        // and delta are NaN (a NaN score it sees): exp(-inf - NaN) and 0 * NaN would spread
+        // that NaN to the gradients of keys the row never saw, as Math's masked_fill does not.
+        const auto hidden = probs.isneginf();
+        probs.sub_(lse_blk).exp_().masked_fill_(hidden, 0.0);
         dv_n.narrow(1, j0, bk).baddbmm_(probs.transpose(1, 2), g_rows);
         auto ds = front(ds_buf, {count, rows, bk});
         at::bmm_out(ds, g_rows, v_blk.transpose(1, 2));
-        ds.sub_(delta_blk).mul_(probs);
+        ds.sub_(delta_blk).mul_(probs).masked_fill_(hidden, 0.0);  // delta is NaN there too
         dq_acc.baddbmm_(ds, k_blk);
         dk_n.narrow(1, j0, bk).baddbmm_(ds.transpose(1, 2), q_rows);
       }

@@ -28,7 +28,7 @@ bool native_is_fused();
 
 /// LibTorch's own scaled dot-product attention (the public one from 2.0, the private one in
 /// 1.13), adapted to this library's conventions. No attention weights; queries and keys must be
-/// free of infinities (LibTorch gives NaN where a query's scores are all -inf).
+/// finite (the caller checks).
 functional::AttentionOutput native(const Problem& p, const torch::Tensor& query,
                                    const torch::Tensor& key, const torch::Tensor& value);
 

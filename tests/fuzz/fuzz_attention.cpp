@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace {
@@ -48,9 +50,12 @@ class Bytes {
   size_t pos_ = 0;
 };
 
+// The case at hand, printed when a backend disagrees.
+std::string described;
+
 [[noreturn]] void disagree(const char* backend, const char* what, double diff) {
-  std::fprintf(stderr, "fuzz-attention: %s disagrees with Math (float64): %s (max |diff| %g)\n",
-               backend, what, diff);
+  std::fprintf(stderr, "fuzz-attention: %s disagrees with Math (float64): %s (max |diff| %g)\n%s\n",
+               backend, what, diff, described.c_str());
   std::abort();
 }
 
@@ -120,6 +125,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
   }
 
+  std::ostringstream case_text;
+  case_text << "query " << q.sizes() << " key " << k.sizes() << " value " << v.sizes() << " dtype "
+            << q.scalar_type() << " causal " << options.is_causal() << " scale "
+            << (options.scale() ? *options.scale() : -999.0) << " block " << options.block_size()
+            << "\nq " << q << "\nk " << k << "\nv " << v << "\nmask " << options.attn_mask();
+  described = case_text.str();
   auto reference = options;
   reference.backend(F::Backend::Math);
   if (reference.attn_mask().defined() && reference.attn_mask().is_floating_point()) {
