@@ -63,14 +63,6 @@ QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv
   return w;
 }
 
-bool records_grad(std::initializer_list<torch::Tensor> tensors) {
-  if (!torch::GradMode::is_enabled()) return false;
-  for (const auto& t : tensors) {
-    if (t.defined() && t.requires_grad()) return true;
-  }
-  return false;
-}
-
 torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& options) {
 #if defined(__linux__)
   constexpr size_t kHugePage = size_t{2} << 20;
@@ -92,7 +84,7 @@ torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& op
 torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x) {
   const auto& weight = linear->weight;
   const auto& bias = linear->bias;
-  if (records_grad({x, weight, bias}) || !x.is_contiguous())
+  if (records_grad(x, weight, bias) || !x.is_contiguous())
     return torch::nn::functional::linear(x, weight, bias);
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(0);

@@ -7,7 +7,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
-#include <initializer_list>
+#include <c10/core/GradMode.h>
 #include <string>
 
 namespace attention {
@@ -42,8 +42,12 @@ QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv
                         int64_t d_out_v, const char* name);
 
 /// Whether autograd records an op on these tensors: grad mode is on and a defined one of them
-/// requires a gradient.
-bool records_grad(std::initializer_list<torch::Tensor> tensors);
+/// requires a gradient. By reference: no reference count changes on the article-sized path.
+template <typename... Tensors>
+bool records_grad(const Tensors&... tensors) {
+  if (!c10::GradMode::is_enabled()) return false;
+  return ((tensors.defined() && tensors.requires_grad()) || ...);
+}
 
 /// An uninitialized tensor for a large temporary. On Linux CPU tensors of several MiB live in
 /// memory advised for transparent huge pages: first touch then faults once per 2 MiB instead of

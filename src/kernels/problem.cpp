@@ -171,7 +171,7 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
     check_mask(mask, like, p.score_sizes(), caller);
     p.mask = mask;
     p.mask_is_bool = mask.scalar_type() == at::kBool;
-    p.mask_needs_grad = !p.mask_is_bool && detail::records_grad({mask});
+    p.mask_needs_grad = !p.mask_is_bool && detail::records_grad(mask);
   }
   p.needs_grad = p.mask_needs_grad || records_grad;
   return p;
@@ -185,7 +185,7 @@ Problem make_problem(const torch::Tensor& query, const torch::Tensor& key,
                      const char* caller) {
   check_tensors(query, key, value, caller);
   return describe({query.sizes(), key.sizes(), value.sizes()}, query, options,
-                  detail::records_grad({query, key, value}), caller);
+                  detail::records_grad(query, key, value), caller);
 }
 
 Problem make_projected_problem(const torch::Tensor& x_q, const torch::Tensor& x_kv,
@@ -200,8 +200,8 @@ Problem make_projected_problem(const torch::Tensor& x_q, const torch::Tensor& x_
   q.back() = w_query.size(1);
   k.back() = w_key.size(1);
   v.back() = w_value.size(1);
-  return describe({q, k, v}, x_q, options,
-                  detail::records_grad({x_q, x_kv, w_query, w_key, w_value}), caller);
+  return describe({q, k, v}, x_q, options, detail::records_grad(x_q, x_kv, w_query, w_key, w_value),
+                  caller);
 }
 
 torch::Tensor hidden_keys(const Problem& p) {
