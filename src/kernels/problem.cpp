@@ -13,6 +13,15 @@ namespace {
 
 using detail::shape_str;
 
+// The dtypes every backend computes in: floating, and not half on the CPU (LibTorch has no CPU
+// products in half precision: said here rather than deep in a kernel).
+void check_dtype(at::ScalarType dtype, const at::Device& device, const char* caller) {
+  TORCH_CHECK_TYPE(c10::isFloatingType(dtype), caller, ": expected a floating-point dtype, got ",
+                   dtype);
+  TORCH_CHECK_TYPE(!(device.is_cpu() && dtype == at::kHalf), caller,
+                   ": expected Float, Double or BFloat16 on the CPU, got Half");
+}
+
 void check_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const char* caller) {
   TORCH_CHECK_VALUE(q.defined() && k.defined() && v.defined(), caller,
@@ -24,11 +33,7 @@ void check_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::
   TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), caller,
                    ": expected query, key and value of one dtype, got ", q.scalar_type(), ", ",
                    k.scalar_type(), ", ", v.scalar_type());
-  TORCH_CHECK_TYPE(c10::isFloatingType(q.scalar_type()), caller,
-                   ": expected a floating-point dtype, got ", q.scalar_type());
-  // LibTorch has no CPU products in half precision: say so here rather than deep in a kernel.
-  TORCH_CHECK_TYPE(!(q.device().is_cpu() && q.scalar_type() == at::kHalf), caller,
-                   ": expected Float, Double or BFloat16 on the CPU, got Half");
+  check_dtype(q.scalar_type(), q.device(), caller);
   TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), caller,
               ": expected query, key and value on one device, got ", q.device(), ", ", k.device(),
               ", ", v.device());
@@ -82,10 +87,7 @@ void check_projections(const torch::Tensor& x_q, const torch::Tensor& x_kv,
                 x_q.device(), ", ", x_kv.device(), ", ", w_q.device(), ", ", w_k.device(), ", ",
                 w_v.device());
   }
-  TORCH_CHECK_TYPE(c10::isFloatingType(dtype), caller, ": expected a floating-point dtype, got ",
-                   dtype);
-  TORCH_CHECK_TYPE(!(x_q.device().is_cpu() && dtype == at::kHalf), caller,
-                   ": expected Float, Double or BFloat16 on the CPU, got Half");
+  check_dtype(dtype, x_q.device(), caller);
 }
 
 void check_options(const functional::ScaledDotProductAttentionOptions& o, const char* caller) {
@@ -113,12 +115,6 @@ void check_mask(const torch::Tensor& mask, const torch::Tensor& q, c10::IntArray
 std::vector<int64_t> Problem::score_sizes() const {
   auto sizes = lead;
   sizes.insert(sizes.end(), {t_q, t_k});
-  return sizes;
-}
-
-std::vector<int64_t> Problem::output_sizes() const {
-  auto sizes = lead;
-  sizes.insert(sizes.end(), {t_q, dv});
   return sizes;
 }
 
@@ -156,7 +152,6 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
   for (size_t i = 0; i + 2 < rank; ++i) p.n *= k[i];
   p.causal = options.is_causal();
   p.causal_offset = p.t_k - p.t_q;
-  p.dtype = like.scalar_type();
   p.device = like.device();
   p.scale = options.scale() ? *options.scale()
                             : (p.d > 0 ? 1.0 / std::sqrt(static_cast<double>(p.d)) : 1.0);

@@ -45,7 +45,6 @@ struct Problem {
   bool need_weights = false;
   functional::Backend backend = functional::Backend::Auto;
   int64_t block = 1;  // the Chunked block size, clamped to [1, min(kMaxBlockSize, max(Tq, Tk))]
-  at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
 
   /// Nothing for a blockwise kernel to do: no query, key or head, or no query or value features
@@ -53,8 +52,6 @@ struct Problem {
   bool degenerate() const { return n == 0 || t_q == 0 || t_k == 0 || d == 0 || dv == 0; }
   /// The shape of the scores, (..., H, Tq, Tk).
   std::vector<int64_t> score_sizes() const;
-  /// The shape of the output, (..., H, Tq, dv).
-  std::vector<int64_t> output_sizes() const;
   /// The user's mask expanded (a view) to the scores' shape; undefined without a mask.
   torch::Tensor expanded_mask() const;
 };
