@@ -89,3 +89,17 @@ TEST_CASE("KVCache: refuses to overflow and to mix shapes, with a clear error",
       mha(torch::randn({1, 3, 8}), MultiHeadAttentionForwardOptions().kv_cache(&long_cache)),
       c10::ValueError, "expected at most context_length = 6 keys, got 7");
 }
+
+TEST_CASE("KVCache: a refused first append leaves the cache empty and free for another shape",
+          "[kv_cache][errors]") {
+  KVCache cache(4);
+  auto too_long = torch::randn({1, 2, 5, 4});
+  CHECK_THROWS_C10(cache.append(too_long, too_long), c10::ValueError,
+                   "cannot append 5 token(s) to the 0 cached: max_length is 4");
+  CHECK_FALSE(cache.keys().defined());
+  CHECK(cache.length() == 0);
+  // Nothing was fixed by the refused call: another batch size and head size are accepted.
+  auto fits = torch::randn({3, 1, 2, 8});
+  cache.append(fits, fits);
+  CHECK(cache.keys().sizes() == torch::IntArrayRef({3, 1, 2, 8}));
+}
