@@ -159,6 +159,24 @@ std::vector<Class> table() {
            x.options.attn_mask(mask);
          });
        }},
+      {"NaN and +inf in a float mask where causality hides the key (ignored)",
+       [=] {
+         return with(causal(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3)), [](Inputs& x) {
+           auto mask = randn({1, 2, 5, 7});
+           mask[0][0][1][5] = std::nan("");
+           mask[0][1][0][6] = kInf;
+           x.options.attn_mask(mask);
+         });
+       }},
+      {"the same in bfloat16 (the Chunked backend's tiles of LibTorch ops)",
+       [=] {
+         return with(causal(qkv({1, 2, 5, 8}, {1, 2, 7, 8}, 3, torch::kBFloat16)), [](Inputs& x) {
+           auto mask = randn({1, 2, 5, 7}, torch::kBFloat16);
+           mask[0][0][1][5] = std::nan("");
+           mask[0][1][0][6] = kInf;
+           x.options.attn_mask(mask);
+         });
+       }},
       {"NaN in a query (that row is NaN)",
        [] {
          return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3),

@@ -46,18 +46,13 @@ std::vector<Tensor> head_masks(const Problem& p, int64_t n) {
   return masks;
 }
 
-// Applies the causal and the user's mask to a tile of scores (nc, G * bq, bk) in place; `masks`
-// holds the user's masks of the tile's nc key/value heads, G each.
+// Applies the user's and the causal mask to a tile of scores (nc, G * bq, bk) in place; `masks`
+// holds the user's masks of the tile's nc key/value heads, G each. The causal mask comes last, so
+// that what a float mask holds at a hidden position (NaN, +inf) stays hidden, as in every backend.
 void mask_tile(const Problem& p, const std::vector<Tensor>& masks, Tensor& scores, int64_t i0,
                int64_t bq, int64_t j0, int64_t bk) {
   const int64_t offset = p.causal_offset;
   auto by_head = scores.view({-1, bq, bk});
-  if (p.causal && j0 + bk - 1 > i0 + offset) {
-    auto opts = torch::TensorOptions().dtype(torch::kLong).device(scores.device());
-    auto hidden = torch::arange(j0, j0 + bk, opts).unsqueeze(0) >
-                  torch::arange(i0 + offset, i0 + offset + bq, opts).unsqueeze(1);
-    by_head.masked_fill_(hidden, -kInf);
-  }
   for (int64_t g = 0; g < static_cast<int64_t>(masks.size()); ++g) {
     auto tile = masks[g].narrow(0, i0, bq).narrow(1, j0, bk);
     if (tile.scalar_type() == at::kBool) {
@@ -65,6 +60,12 @@ void mask_tile(const Problem& p, const std::vector<Tensor>& masks, Tensor& score
     } else {
       by_head[g].add_(tile);
     }
+  }
+  if (p.causal && j0 + bk - 1 > i0 + offset) {
+    auto opts = torch::TensorOptions().dtype(torch::kLong).device(scores.device());
+    auto hidden = torch::arange(j0, j0 + bk, opts).unsqueeze(0) >
+                  torch::arange(i0 + offset, i0 + offset + bq, opts).unsqueeze(1);
+    by_head.masked_fill_(hidden, -kInf);
   }
 }
 

@@ -46,11 +46,13 @@ functional::AttentionOutput math(const Problem& p, const Tensor& query, const Te
   scores = p.scale_is_default && p.d > 0 ? scores.div(std::sqrt(static_cast<double>(p.d)))
                                          : scores.mul(p.scale);
 
+  // The additive mask first, then the hidden keys: a hidden key stays hidden whatever the float
+  // mask holds there (NaN, +inf), as in the blockwise backends, which never read it.
   const Tensor hidden = hidden_keys(p), additive = additive_mask(p);
+  if (additive.defined()) scores = scores + additive;
   if (hidden.defined()) {
     scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
   }
-  if (additive.defined()) scores = scores + additive;
 
   // A query whose scores are all -inf (every key hidden) would get 0/0 = NaN weights, and NaN
   // gradients for every key. Such rows are computed on zeros (finite everywhere) and then
