@@ -61,6 +61,11 @@ std::optional<std::string> finite_qk_only_on_native(Backend b, bool) {
   return std::nullopt;
 }
 
+std::optional<std::string> mask_gradient_not_on_chunked(Backend b, bool grad) {
+  if (b == Backend::Chunked && grad) return std::string("does not differentiate attn_mask");
+  return std::nullopt;
+}
+
 std::vector<Class> table() {
   const auto causal = [](Inputs in) {
     return with(in, [](Inputs& x) { x.options.is_causal(true); });
@@ -301,10 +306,7 @@ std::vector<Class> table() {
            x.mask_grad = true;
          });
        },
-       [](Backend b, bool grad) -> std::optional<std::string> {
-         if (b == Backend::Chunked && grad) return std::string("does not differentiate attn_mask");
-         return std::nullopt;
-       }},
+       mask_gradient_not_on_chunked},
       {"attention weights requested",
        [] {
          return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3),
@@ -328,10 +330,7 @@ std::vector<Class> table() {
            x.mask_grad = true;
          });
        },
-       [](Backend b, bool grad) -> std::optional<std::string> {
-         if (b == Backend::Chunked && grad) return std::string("does not differentiate attn_mask");
-         return std::nullopt;
-       }},
+       mask_gradient_not_on_chunked},
       {"block_size far beyond the sequence (clamped)",
        [] {
          return with(qkv({1, 2, 37, 8}, {1, 2, 41, 8}, 5),
