@@ -28,10 +28,9 @@ def main(directory):
         with torch.no_grad():
             for p in expected.parameters():
                 p.add_(0.5)
-        # A pickled state dict written by LibTorch names torch.jit._pickle.restore_type_tag, which
-        # torch.load's weights_only mode (the default from PyTorch 2.6) refuses; these files are
-        # the test's own.
-        for file, read in ((f"{name}.pt", lambda p: torch.load(p, weights_only=False)),
+        # save_weights writes what torch.save(module.state_dict()) writes: torch.load's
+        # weights_only mode (the default from PyTorch 2.6) reads it.
+        for file, read in ((f"{name}.pt", lambda p: torch.load(p, weights_only=True)),
                            (f"{name}.safetensors", safetensors_io.load)):
             loaded = reference.MODULES[name](**args)
             loaded.load_state_dict(read(os.path.join(directory, file)))

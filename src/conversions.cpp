@@ -61,7 +61,11 @@ torch::nn::MultiheadAttention to_torch(const MultiHeadAttentionImpl& mha) {
     out->in_proj_bias.zero_();
   }
   out->out_proj->weight.copy_(mha.out_proj->weight);
-  out->out_proj->bias.copy_(mha.out_proj->bias);
+  if (o.out_bias()) {
+    out->out_proj->bias.copy_(mha.out_proj->bias);
+  } else {
+    out->out_proj->bias.zero_();
+  }
   return out;
 }
 
@@ -76,6 +80,7 @@ MultiHeadAttention from_torch(const torch::nn::MultiheadAttentionImpl& torch_mha
   MultiHeadAttention fused(MultiHeadAttentionOptions(e, e, o.num_heads())
                                .causal(false)
                                .qkv_bias(bias)
+                               .out_bias(torch_mha.out_proj->bias.defined())
                                .dropout(o.dropout()));
   fused->to(torch_mha.in_proj_weight.device(), torch_mha.in_proj_weight.scalar_type());
   const auto w = torch_mha.in_proj_weight.chunk(3);

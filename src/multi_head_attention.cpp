@@ -52,7 +52,8 @@ void MultiHeadAttentionImpl::reset() {
                           torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
   W_value = register_module(
       "W_value", torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
-  out_proj = register_module("out_proj", torch::nn::Linear(o.d_out(), o.d_out()));
+  out_proj = register_module(
+      "out_proj", torch::nn::Linear(LinearOptions(o.d_out(), o.d_out()).bias(o.out_bias())));
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -60,8 +61,8 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << kName << "(d_in=" << o.d_in() << ", d_out=" << o.d_out()
          << ", num_heads=" << o.num_heads() << ", num_kv_heads=" << o.num_kv_heads()
          << ", context_length=" << o.context_length() << ", dropout=" << o.dropout()
-         << ", qkv_bias=" << std::boolalpha << o.qkv_bias() << ", causal=" << o.causal()
-         << ", d_in_kv=" << o.d_in_kv() << ")";
+         << ", qkv_bias=" << std::boolalpha << o.qkv_bias() << ", out_bias=" << o.out_bias()
+         << ", causal=" << o.causal() << ", d_in_kv=" << o.d_in_kv() << ")";
 }
 
 functional::AttentionOutput MultiHeadAttentionImpl::forward(

@@ -3,18 +3,20 @@
 #include <attention/safetensors.h>
 
 #include "detail.h"
+#include "serialization/byte_source.h"
+#include "serialization/torch_save.h"
+#include "serialization/zip_archive.h"
+#include "weight_names.h"
 
-#include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/jit/serialization/import.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -23,22 +25,10 @@ namespace {
 
 constexpr const char* kLoad = "attention::load_weights";
 
-std::string read_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  TORCH_CHECK(fs::exists(path, ec), kLoad, ": no file at '", path, "'");
-  TORCH_CHECK(fs::is_regular_file(path, ec), kLoad, ": '", path, "' is not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, kLoad, ": cannot open '", path, "'");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return bytes;
-}
-
-bool is_torchscript(const std::string& bytes) {
-  std::istringstream stream(bytes);
-  caffe2::serialize::PyTorchStreamReader reader(&stream);
-  return reader.hasRecord("constants.pkl");
-}
+struct FileContents {
+  std::string format;
+  NamedTensors tensors;
+};
 
 NamedTensors read_torchscript(const std::string& bytes) {
   std::istringstream stream(bytes);
@@ -49,48 +39,51 @@ NamedTensors read_torchscript(const std::string& bytes) {
   return out;
 }
 
-NamedTensors read_state_dict(const std::string& bytes, const std::string& path) {
-  std::vector<char> data(bytes.begin(), bytes.end());
-  c10::IValue value = torch::pickle_load(data);
-  TORCH_CHECK(value.isGenericDict(), kLoad, ": '", path,
-              "' holds no dict of tensors (save one with torch.save(dict(m.state_dict()), path))");
-  NamedTensors out;
-  for (const auto& item : value.toGenericDict()) {
-    TORCH_CHECK(item.key().isString() && item.value().isTensor(), kLoad, ": '", path,
-                "' holds a dict whose entries are not name -> tensor");
-    out.emplace_back(item.key().toStringRef(), item.value().toTensor());
+// A zip archive: torch.save (read here, by the restricted unpickler) or TorchScript (read by
+// LibTorch, trusted sources only).
+FileContents read_archive(const serialization::ByteSource& source, const LoadOptions& options) {
+  const std::string& path = source.name();
+  const serialization::ZipArchive archive(source);
+  if (serialization::is_torchscript(archive)) {
+    TORCH_CHECK_VALUE(options.trusted(), kLoad, ": '", path, "' is a TorchScript archive, ",
+                      "which carries code and is refused with LoadOptions().trusted(false) ",
+                      "(save the weights with torch.save(model.state_dict(), path) or as ",
+                      "safetensors)");
+    TORCH_CHECK_VALUE(options.key().empty(), kLoad, ": LoadOptions().key() picks an entry of a ",
+                      "torch.save checkpoint; '", path, "' is a TorchScript archive");
+    return {"torchscript", read_torchscript(source.read_string(0, source.size()))};
   }
-  return out;
+  const auto saved = serialization::read_torch_save(archive, path);
+  return {"state_dict", serialization::state_dict_entries(saved, options.key(), path)};
 }
 
-// Reads the tensors of a weight file held in memory and says which format they came in.
-NamedTensors read_weights(const std::string& bytes, const std::string& path, bool trusted,
-                          std::string& format) {
-  TORCH_CHECK(!bytes.empty(), kLoad, ": '", path, "' is empty");
-  if (looks_like_safetensors(bytes.data(), bytes.size())) {
-    format = "safetensors";
+FileContents read_contents(const serialization::ByteSource& source, const LoadOptions& options) {
+  const std::string& path = source.name();
+  TORCH_CHECK(source.size() > 0, kLoad, ": '", path, "' is empty");
+  TORCH_CHECK_VALUE(!serialization::looks_like_legacy_torch_save(source), kLoad, ": '", path,
+                    "' is in the torch.save format of PyTorch before 1.6 ",
+                    "(_use_new_zipfile_serialization=False), which is not read; re-save it in ",
+                    "Python with torch.save(torch.load(path), path)");
+  if (serialization::looks_like_zip(source)) {
     try {
-      return parse_safetensors(bytes.data(), bytes.size());
+      return read_archive(source, options);
+    } catch (const c10::ValueError&) {
+      throw;
     } catch (const c10::Error& e) {
-      TORCH_CHECK_VALUE(false, kLoad, ": '", path,
-                        "' is not a valid safetensors file: ", e.what_without_backtrace());
+      TORCH_CHECK(false, kLoad, ": cannot read '", path,
+                  "' as a torch.save file or a TorchScript archive: ", e.what_without_backtrace());
     }
   }
-  TORCH_CHECK_VALUE(
-      trusted, kLoad, ": '", path, "' is not a safetensors file, and only ",
-      "safetensors is read with LoadOptions().trusted(false) (TorchScript archives and ",
-      "pickled state dicts can carry code)");
+  const std::string bytes = source.read_string(0, source.size());
+  TORCH_CHECK(looks_like_safetensors(bytes.data(), bytes.size()), kLoad, ": '", path,
+              "' is neither a safetensors file, a torch.save file nor a TorchScript archive");
+  TORCH_CHECK_VALUE(options.key().empty(), kLoad, ": LoadOptions().key() picks an entry of a ",
+                    "torch.save checkpoint; '", path, "' is a safetensors file");
   try {
-    if (is_torchscript(bytes)) {
-      format = "torchscript";
-      return read_torchscript(bytes);
-    }
-    format = "state_dict";
-    return read_state_dict(bytes, path);
+    return {"safetensors", parse_safetensors(bytes.data(), bytes.size())};
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, kLoad, ": cannot read '", path,
-                "' as a safetensors file, a TorchScript archive or a torch.save state dict: ",
-                e.what_without_backtrace());
+    TORCH_CHECK_VALUE(false, kLoad, ": '", path,
+                      "' is not a valid safetensors file: ", e.what_without_backtrace());
   }
 }
 
@@ -119,23 +112,21 @@ NamedTensors module_tensors(const torch::nn::Module& module) {
   return out;
 }
 
-}  // namespace
-
-LoadReport load_weights(torch::nn::Module& module, const std::string& path,
-                        const LoadOptions& options) {
-  const std::string bytes = read_file(path);
-  return load_weights_from_memory(module, bytes.data(), bytes.size(), options, path);
-}
-
-LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data, std::size_t size,
-                                    const LoadOptions& options, const std::string& path) {
-  TORCH_CHECK_VALUE(data != nullptr || size == 0,
-                    "attention::load_weights_from_memory: expected data for ", size,
-                    " bytes, got a null pointer (", path, ")");
+LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource& source,
+                     const LoadOptions& options) {
+  const std::string& path = source.name();
   LoadReport report;
-  const NamedTensors file =
-      read_weights(std::string(data, size), path, options.trusted(), report.format);
-  std::map<std::string, torch::Tensor> by_name(file.begin(), file.end());
+  FileContents contents = read_contents(source, options);
+  report.format = contents.format;
+  NamedTensors file = detail::select_prefix(contents.tensors, options.prefix(), path);
+  file = detail::rename_all(file, options.rename(), path);
+  file = detail::convert_layout(file, options.layout(), path, report.derived);
+  std::map<std::string, torch::Tensor> by_name;
+  for (const auto& [name, tensor] : file) {
+    TORCH_CHECK_VALUE(by_name.emplace(name, tensor).second, kLoad, ": '", path,
+                      "' gives two tensors the name '", name, "' (after its prefix, rename and ",
+                      "layout)");
+  }
   const NamedTensors targets = module_tensors(module);
 
   std::vector<std::string> problems;
@@ -146,23 +137,37 @@ LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data,
       report.missing.push_back(name);
       continue;
     }
-    const torch::Tensor value = it->second;
+    torch::Tensor value = it->second;
     by_name.erase(it);
     if (value.sizes() != target.sizes()) {
       problems.push_back(fmt::format("shape of {}: module {}, file {}", name,
                                      detail::shape_str(target.sizes()),
                                      detail::shape_str(value.sizes())));
-    } else if (value.scalar_type() != target.scalar_type()) {
-      problems.push_back(fmt::format("dtype of {}: module {}, file {}", name,
-                                     c10::toString(target.scalar_type()),
-                                     c10::toString(value.scalar_type())));
-    } else if (!options.allow_non_finite() && value.is_floating_point() &&
-               !torch::isfinite(value).all().item<bool>()) {
-      problems.push_back(fmt::format("{} holds NaN or Inf values", name));
-    } else {
-      report.loaded.push_back(name);
-      copies.emplace_back(target, value);
+      continue;
     }
+    std::string cast;
+    if (value.scalar_type() != target.scalar_type()) {
+      const bool both_float = value.is_floating_point() && target.is_floating_point();
+      const auto from = c10::toString(value.scalar_type());
+      const auto to = c10::toString(target.scalar_type());
+      if (!options.cast() || !both_float) {
+        problems.push_back(
+            fmt::format("dtype of {}: module {}, file {}{}", name, to, from,
+                        both_float ? " (LoadOptions().cast(true) converts it)" : ""));
+        continue;
+      }
+      cast = fmt::format("{}: {} -> {}", name, from, to);
+      value = value.to(target.scalar_type());
+    }
+    if (!options.allow_non_finite() && value.is_floating_point() &&
+        !torch::isfinite(value).all().item<bool>()) {
+      problems.push_back(
+          fmt::format("{} holds NaN or Inf values{}", name, cast.empty() ? "" : " once cast"));
+      continue;
+    }
+    if (!cast.empty()) report.casts.push_back(std::move(cast));
+    report.loaded.push_back(name);
+    copies.emplace_back(target, value);
   }
   const auto derived = derived_names(module);
   for (const auto& [name, value] : file) {
@@ -188,6 +193,27 @@ LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data,
   return report;
 }
 
+}  // namespace
+
+LoadReport load_weights(torch::nn::Module& module, const std::string& path,
+                        const LoadOptions& options) {
+  std::unique_ptr<serialization::FileSource> source;
+  try {
+    source = std::make_unique<serialization::FileSource>(path);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, kLoad, ": ", e.what_without_backtrace());
+  }
+  return load_from(module, *source, options);
+}
+
+LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data, std::size_t size,
+                                    const LoadOptions& options, const std::string& path) {
+  TORCH_CHECK_VALUE(data != nullptr || size == 0,
+                    "attention::load_weights_from_memory: expected data for ", size,
+                    " bytes, got a null pointer (", path, ")");
+  return load_from(module, serialization::MemorySource(data, size, path), options);
+}
+
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -195,21 +221,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string state_dict_bytes(const torch::nn::Module& module) {
-  c10::Dict<std::string, torch::Tensor> dict;
-  for (const auto& [name, tensor] : module_tensors(module)) {
-    dict.insert(name, tensor.detach().cpu());
-  }
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  return std::string(bytes.begin(), bytes.end());
-}
-
 }  // namespace
 
 void save_weights(const torch::nn::Module& module, const std::string& path) {
   const std::string bytes = ends_with(path, ".safetensors")
                                 ? serialize_safetensors(module_tensors(module))
-                                : state_dict_bytes(module);
+                                : serialization::write_torch_save(module_tensors(module));
   // Written beside the target and renamed over it, so that a failed write never leaves a
   // truncated weight file behind.
   const std::string partial = path + ".partial";

@@ -111,7 +111,7 @@ TEST_CASE("load_weights: unreadable files raise an error naming the path", "[wei
   const auto garbage = temp_path("garbage.pt");
   std::ofstream(garbage) << "not a weight file at all";
   CHECK_THROWS_C10(attention::load_weights(*sa, garbage), c10::Error,
-                   "as a safetensors file, a TorchScript archive or a torch.save state dict");
+                   "is neither a safetensors file, a torch.save file nor a TorchScript archive");
   CHECK(unchanged(*sa, before));
   std::remove(empty.c_str());
   std::remove(garbage.c_str());
@@ -224,12 +224,13 @@ TEST_CASE("load_weights: random bytes and foreign zip archives are rejected", "[
     writer.writeEndOfFile();
   }
   CHECK_THROWS_C10(attention::load_weights(*sa, path), c10::Error,
-                   "as a safetensors file, a TorchScript archive or a torch.save state dict");
+                   "as a torch.save file or a TorchScript archive: '" + path +
+                       "' is a zip archive without data.pkl, not a torch.save file");
   CHECK(unchanged(*sa, before));
   std::remove(path.c_str());
 }
 
-TEST_CASE("load_weights: trusted(false) reads safetensors only, refusing code-carrying formats",
+TEST_CASE("load_weights: trusted(false) refuses TorchScript and reads the weights-only formats",
           "[weights][errors]") {
   attention::MultiHeadAttentionWrapper mha(8, 4, 3, 3);
   const auto before = snapshot(*mha);
@@ -238,15 +239,29 @@ TEST_CASE("load_weights: trusted(false) reads safetensors only, refusing code-ca
   // so it must never reach LibTorch when the source is not trusted.
   const auto regression = std::string(ATTENTION_SOURCE_DIR) +
                           "/tests/fuzz/regressions/torchscript_type_parser_terminate.pt";
-  for (const auto& path : {regression, golden_file("wrapper_3_heads.pt"),
-                           golden_file("wrapper_3_heads.state_dict.pt")}) {
+  for (const auto& path : {regression, golden_file("wrapper_3_heads.pt")}) {
     INFO(path);
     CHECK_THROWS_C10(attention::load_weights(*mha, path, untrusted), c10::ValueError,
-                     "is not a safetensors file, and only safetensors is read with "
+                     "is a TorchScript archive, which carries code and is refused with "
                      "LoadOptions().trusted(false)");
   }
   CHECK(unchanged(*mha, before));
   CHECK(
       attention::load_weights(*mha, golden_file("wrapper_3_heads.safetensors"), untrusted).format ==
       "safetensors");
+  CHECK(attention::load_weights(*mha, golden_file("wrapper_3_heads.state_dict.pt"), untrusted)
+            .format == "state_dict");
+}
+
+TEST_CASE("load_weights: files of LibTorch's torch::pickle_save still load", "[weights]") {
+  // Earlier versions of save_weights wrote this: a typed dict under restore_type_tag.
+  attention::CrossAttention a(attention::CrossAttentionOptions(3, 2, 4).d_in_kv(5));
+  attention::CrossAttention b(attention::CrossAttentionOptions(3, 2, 4).d_in_kv(5));
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& p : a->named_parameters()) dict.insert(p.key(), p.value().detach());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  const auto report = attention::load_weights_from_memory(*b, bytes.data(), bytes.size(),
+                                                          attention::LoadOptions().trusted(false));
+  CHECK(report.format == "state_dict");
+  CHECK(unchanged(*b, snapshot(*a)));
 }

@@ -38,8 +38,10 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(int64_t, context_length) = 0;
   /// Dropout on the attention weights, in training mode only.
   TORCH_ARG(double, dropout) = 0.0;
-  /// Bias in the query, key and value projections (out_proj always has one).
+  /// Bias in the query, key and value projections.
   TORCH_ARG(bool, qkv_bias) = false;
+  /// Bias in out_proj: the book's has one (default true); Llama's `o_proj` has none.
+  TORCH_ARG(bool, out_bias) = true;
   /// Key/value heads: num_heads (default) is multi-head attention, fewer is grouped-query
   /// attention, 1 is multi-query attention. Must divide num_heads.
   TORCH_ARG(int64_t, num_kv_heads);

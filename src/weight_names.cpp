@@ -1,0 +1,217 @@
+#include "weight_names.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/types.h>
+
+#include <map>
+#include <regex>
+#include <set>
+
+namespace attention {
+
+namespace {
+
+constexpr const char* kLoad = "attention::load_weights";
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// "blocks.0.attn.c_attn.weight" -> {"blocks.0.attn.", "c_attn", "weight"}; names with fewer than
+// two components have an empty module part.
+struct NameParts {
+  std::string parent;  // with its trailing '.', or ""
+  std::string module;
+  std::string leaf;
+};
+NameParts split_name(const std::string& name) {
+  const auto last = name.rfind('.');
+  if (last == std::string::npos) return {"", "", name};
+  const auto before = name.rfind('.', last == 0 ? 0 : last - 1);
+  if (before == std::string::npos || last == 0) {
+    return {"", name.substr(0, last), name.substr(last + 1)};
+  }
+  return {name.substr(0, before + 1), name.substr(before + 1, last - before - 1),
+          name.substr(last + 1)};
+}
+
+const char* layout_name(WeightLayout layout) {
+  switch (layout) {
+    case WeightLayout::Native:
+      return "Native";
+    case WeightLayout::TorchMultiheadAttention:
+      return "TorchMultiheadAttention";
+    case WeightLayout::Llama:
+      return "Llama";
+    case WeightLayout::GPT2:
+      return "GPT2";
+  }
+  return "unknown";
+}
+
+// Splits a fused (3 n, ...) tensor along `dim` into the query, key and value parts.
+void split_three(NamedTensors& out, const std::string& name, const torch::Tensor& fused,
+                 int64_t dim, int64_t rank, const std::string& parent, const std::string& leaf,
+                 WeightLayout layout, const std::string& source) {
+  TORCH_CHECK_VALUE(fused.dim() == rank && fused.size(dim) % 3 == 0, kLoad, ": '", source,
+                    "': ", name, " has shape ", fused.sizes(), "; the ", layout_name(layout),
+                    " layout expects ", rank, " dimensions, dimension ", dim,
+                    " holding query, key and value (a multiple of 3)");
+  const auto parts = fused.chunk(3, dim);
+  const char* names[] = {"W_query.", "W_key.", "W_value."};
+  for (int i = 0; i < 3; ++i) out.emplace_back(parent + names[i] + leaf, parts[i]);
+}
+
+}  // namespace
+
+namespace detail {
+
+NamedTensors select_prefix(const NamedTensors& file, const std::string& prefix,
+                           const std::string& source) {
+  if (prefix.empty()) return file;
+  NamedTensors out;
+  std::vector<std::string> prefixes;
+  std::set<std::string> seen;
+  for (const auto& [name, tensor] : file) {
+    if (starts_with(name, prefix) && name.size() > prefix.size()) {
+      out.emplace_back(name.substr(prefix.size()), tensor);
+    }
+    const auto last = name.rfind('.');
+    const std::string module = last == std::string::npos ? "" : name.substr(0, last + 1);
+    if (!module.empty() && seen.insert(module).second) prefixes.push_back("'" + module + "'");
+  }
+  if (out.empty()) {
+    constexpr std::size_t kShown = 40;
+    const std::size_t more = prefixes.size() > kShown ? prefixes.size() - kShown : 0;
+    prefixes.resize(std::min(prefixes.size(), kShown));
+    TORCH_CHECK_VALUE(
+        false, kLoad, ": no name in '", source, "' starts with '", prefix,
+        "'; the file's prefixes: ",
+        prefixes.empty() ? std::string("none") : fmt::format("{}", fmt::join(prefixes, ", ")),
+        more ? fmt::format(" and {} more", more) : std::string());
+  }
+  return out;
+}
+
+NamedTensors rename_all(const NamedTensors& file, const LoadOptions::NameMap& map,
+                        const std::string& source) {
+  if (!map) return file;
+  NamedTensors out;
+  std::map<std::string, std::string> origin;
+  for (const auto& [name, tensor] : file) {
+    std::string renamed = map(name);
+    TORCH_CHECK_VALUE(!renamed.empty(), kLoad, ": '", source, "': rename maps '", name,
+                      "' to an empty name");
+    auto [it, inserted] = origin.emplace(renamed, name);
+    TORCH_CHECK_VALUE(inserted, kLoad, ": '", source, "': rename maps both '", it->second,
+                      "' and '", name, "' to '", renamed, "'");
+    out.emplace_back(std::move(renamed), tensor);
+  }
+  return out;
+}
+
+NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
+                            const std::string& source, std::vector<std::string>& derived) {
+  if (layout == WeightLayout::Native) return file;
+  std::set<std::string> names;
+  for (const auto& item : file) names.insert(item.first);
+  NamedTensors out;
+  for (const auto& [name, tensor] : file) {
+    const NameParts n = split_name(name);
+    const std::string module_path = n.parent + (n.module.empty() ? "" : n.module + ".");
+    switch (layout) {
+      case WeightLayout::TorchMultiheadAttention: {
+        // nn.MultiheadAttention registers its fused projection directly on itself.
+        const std::string owner = name.substr(0, name.size() - n.leaf.size());
+        if (n.leaf == "in_proj_weight" || n.leaf == "in_proj_bias") {
+          const bool weight = n.leaf == "in_proj_weight";
+          split_three(out, name, tensor, 0, weight ? 2 : 1, owner, weight ? "weight" : "bias",
+                      layout, source);
+          continue;
+        }
+        if (n.leaf == "q_proj_weight" || n.leaf == "k_proj_weight" || n.leaf == "v_proj_weight") {
+          const char* target = n.leaf[0] == 'q'   ? "W_query"
+                               : n.leaf[0] == 'k' ? "W_key"
+                                                  : "W_value";
+          out.emplace_back(owner + target + ".weight", tensor);
+          continue;
+        }
+        TORCH_CHECK_VALUE(n.leaf != "bias_k" && n.leaf != "bias_v", kLoad, ": '", source,
+                          "': ", name,
+                          " comes from nn.MultiheadAttention(add_bias_kv=True), which "
+                          "MultiHeadAttention has no counterpart for");
+        break;
+      }
+      case WeightLayout::Llama: {
+        static const std::map<std::string, std::string> targets = {{"q_proj", "W_query"},
+                                                                   {"k_proj", "W_key"},
+                                                                   {"v_proj", "W_value"},
+                                                                   {"o_proj", "out_proj"}};
+        auto it = targets.find(n.module);
+        if (it != targets.end()) {
+          out.emplace_back(n.parent + it->second + "." + n.leaf, tensor);
+          continue;
+        }
+        break;
+      }
+      case WeightLayout::GPT2: {
+        // Only the attention's own names: c_proj and the mask buffers count when c_attn sits
+        // beside them (the MLP of a GPT-2 block has a c_proj of its own).
+        if (n.module == "c_attn" && (n.leaf == "weight" || n.leaf == "bias")) {
+          const bool weight = n.leaf == "weight";
+          split_three(out, name, weight ? tensor.t() : tensor, 0, weight ? 2 : 1, n.parent, n.leaf,
+                      layout, source);
+          continue;
+        }
+        if (n.module == "c_proj" && names.count(n.parent + "c_attn.weight") &&
+            (n.leaf == "weight" || n.leaf == "bias")) {
+          TORCH_CHECK_VALUE(n.leaf == "bias" || tensor.dim() == 2, kLoad, ": '", source,
+                            "': ", name, " has shape ", tensor.sizes(), ", not (d_out, d_out)");
+          out.emplace_back(n.parent + "out_proj." + n.leaf,
+                           n.leaf == "weight" ? tensor.t() : tensor);
+          continue;
+        }
+        if ((n.leaf == "bias" || n.leaf == "masked_bias") &&
+            names.count(module_path + "c_attn.weight")) {
+          derived.push_back(name);
+          continue;
+        }
+        break;
+      }
+      case WeightLayout::Native:
+        break;
+    }
+    out.emplace_back(name, tensor);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+LoadOptions& LoadOptions::rename(const std::vector<RenameRule>& rules) {
+  std::vector<std::pair<std::regex, std::string>> compiled;
+  for (const auto& [pattern, replacement] : rules) {
+    try {
+      compiled.emplace_back(std::regex(pattern, std::regex::ECMAScript), replacement);
+    } catch (const std::regex_error& e) {
+      TORCH_CHECK_VALUE(false, "attention::LoadOptions::rename: '", pattern,
+                        "' is not a valid regular expression: ", e.what());
+    }
+  }
+  rename_ = [compiled = std::move(compiled)](const std::string& name) {
+    std::string out = name;
+    for (const auto& [pattern, replacement] : compiled) {
+      out = std::regex_replace(out, pattern, replacement);
+    }
+    return out;
+  };
+  return *this;
+}
+
+LoadOptions& LoadOptions::rename(NameMap map) {
+  rename_ = std::move(map);
+  return *this;
+}
+
+}  // namespace attention
