@@ -13,12 +13,13 @@ seconds=${1:-60}
 fuzz_dir=$ROOT/build-fuzz
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$fuzz_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DATTENTION_FUZZ=ON -DATTENTION_BUILD_TESTS=OFF -DATTENTION_BUILD_TOOLS=OFF >/dev/null
-cmake --build "$fuzz_dir" -j "$JOBS" --target fuzz-safetensors fuzz-load_weights fuzz-attention
+cmake --build "$fuzz_dir" -j "$JOBS" --target fuzz-safetensors fuzz-load_weights fuzz-unpickler \
+  fuzz-attention
 
 # LibTorch is not instrumented: leaks it keeps until exit and container annotations it lacks
 # are not findings about this code.
 export ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0:abort_on_error=1
-for target in safetensors load_weights attention; do
+for target in safetensors load_weights unpickler attention; do
   corpus=$(mktemp -d)
   cp "$ROOT/tests/fuzz/corpus/$target"/* "$corpus/"
   echo "fuzz.sh: fuzz-$target for $seconds s"

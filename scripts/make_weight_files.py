@@ -7,7 +7,8 @@ optimizer, a model of several blocks (for LoadOptions().prefix()), bfloat16/floa
 copies (for .cast()), torch.nn.MultiheadAttention, a Hugging Face Llama-style attention with
 grouped-query shapes, GPT-2's attention with its fused, transposed Conv1D (for .layout()), the
 pre-1.6 format, pickle protocol 4, a dict of nn.Parameter, and a checkpoint holding an
-argparse.Namespace (a global the loader must refuse). <name>.expected.pt holds, as a plain dict
+argparse.Namespace (a global the loader must refuse), and the book's chapter 3 CausalAttention
+and MultiHeadAttentionWrapper. <name>.expected.pt holds, as a plain dict
 of tensors, an input ("input") and the output the Python module gives for it ("output").
 
     scripts/make_weight_files.py            # rewrite models/weights/
@@ -53,6 +54,41 @@ class Blocks(nn.Module):
         super().__init__()
         self.trf_blocks = nn.Sequential(*[Block(seed) for seed in (1, 2, 3)])
         self.final_norm = nn.LayerNorm(8)
+
+
+class BookCausalAttention(nn.Module):
+    """The book's CausalAttention (chapter 3): Linear projections, attention-weight dropout, the
+    causal mask as a buffer, no output projection."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.d_out = d_out
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length),
+                                                diagonal=1))
+
+    def forward(self, x):
+        t = x.shape[1]
+        keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+        scores = queries @ keys.transpose(1, 2)
+        scores.masked_fill_(self.mask.bool()[:t, :t], -torch.inf)
+        weights = self.dropout(torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1))
+        return weights @ values
+
+
+class BookMultiHeadAttentionWrapper(nn.Module):
+    """The book's wrapper: CausalAttention heads side by side, outputs concatenated."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.heads = nn.ModuleList([BookCausalAttention(d_in, d_out, context_length, dropout,
+                                                        qkv_bias) for _ in range(num_heads)])
+
+    def forward(self, x):
+        return torch.cat([head(x) for head in self.heads], dim=-1)
 
 
 class LlamaAttention(nn.Module):
@@ -154,6 +190,16 @@ def main():
     torch.save(mha.state_dict(), path("book_mha.protocol4.pth"), pickle_protocol=4)
     torch.save(mha.state_dict(), path("book_mha.legacy.pth"), _use_new_zipfile_serialization=False)
     torch.save(dict(mha.named_parameters()), path("book_mha.parameters.pth"))
+
+    # The book's chapter 3 classes, with dropout (off in eval) and their mask buffers.
+    torch.manual_seed(21)
+    causal = BookCausalAttention(8, 4, 6, 0.5, qkv_bias=True).eval()
+    torch.save(causal.state_dict(), path("book_causal_attention.pth"))
+    expected(out, "book_causal_attention", causal, x)
+    torch.manual_seed(22)
+    wrapper = BookMultiHeadAttentionWrapper(8, 3, 6, 0.5, num_heads=3).eval()
+    torch.save(wrapper.state_dict(), path("book_wrapper.pth"))
+    expected(out, "book_wrapper", wrapper, x)
 
     # A training checkpoint: the model, Adam's state after two steps, and bookkeeping.
     trained = book_mha()

@@ -42,6 +42,8 @@ MultiHeadAttention to_fused(const MultiHeadAttentionWrapperImpl& wrapper) {
 
 torch::nn::MultiheadAttention to_torch(const MultiHeadAttentionImpl& mha) {
   const auto& o = mha.options;
+  TORCH_CHECK_VALUE(o.output_projection(), "attention::to_torch: torch::nn::MultiheadAttention ",
+                    "has an output projection, and this module was built without one");
   TORCH_CHECK_VALUE(
       o.d_in() == o.d_out() && o.d_in_kv() == o.d_in() && o.num_kv_heads() == o.num_heads(),
       "attention::to_torch: torch::nn::MultiheadAttention needs d_in == d_in_kv == ",

@@ -52,8 +52,10 @@ void MultiHeadAttentionImpl::reset() {
                           torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
   W_value = register_module(
       "W_value", torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
-  out_proj = register_module(
-      "out_proj", torch::nn::Linear(LinearOptions(o.d_out(), o.d_out()).bias(o.out_bias())));
+  if (o.output_projection()) {
+    out_proj = register_module(
+        "out_proj", torch::nn::Linear(LinearOptions(o.d_out(), o.d_out()).bias(o.out_bias())));
+  }
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -124,7 +126,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
           .backend(forward_options.backend()));
 
   auto context_vec = attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()});
-  auto output = out_proj(context_vec);
+  auto output = out_proj ? out_proj(context_vec) : context_vec;
   auto weights = attention.weights;
   if (weights.defined() && forward_options.average_attn_weights()) weights = weights.mean(1);
   if (unbatched) {

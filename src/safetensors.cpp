@@ -1,6 +1,7 @@
 #include <attention/safetensors.h>
 
 #include "detail.h"
+#include "serialization/safetensors.h"
 
 #include <nlohmann/json.hpp>
 
@@ -47,17 +48,30 @@ bool looks_like_safetensors(const char* data, std::size_t size) {
 }
 
 NamedTensors parse_safetensors(const char* data, std::size_t size) {
+  return serialization::read_safetensors(serialization::MemorySource(data, size, "<memory>"));
+}
+
+bool serialization::looks_like_safetensors(const ByteSource& source) {
+  if (source.size() < 9) return false;
+  const std::string head = source.read_string(0, 9);
+  const uint64_t n = read_u64_le(head.data());
+  return n >= 2 && n <= kMaxSafetensorsHeader && n <= source.size() - 8 && head[8] == '{';
+}
+
+NamedTensors serialization::read_safetensors(const ByteSource& source) {
+  const uint64_t size = source.size();
   TORCH_CHECK_VALUE(size >= 8, kName, ": expected at least 8 bytes (the header length), got ",
                     size);
-  const uint64_t n = read_u64_le(data);
+  const uint64_t n = read_u64_le(source.read_string(0, 8).data());
   TORCH_CHECK_VALUE(n <= kMaxSafetensorsHeader, kName, ": header length ", n, " exceeds the limit ",
                     kMaxSafetensorsHeader);
   TORCH_CHECK_VALUE(n <= size - 8, kName, ": header length ", n, " runs past the end of the ", size,
                     "-byte file");
-  nlohmann::ordered_json header = nlohmann::ordered_json::parse(data + 8, data + 8 + n, nullptr,
+  const std::string text = source.read_string(8, static_cast<std::size_t>(n));
+  nlohmann::ordered_json header = nlohmann::ordered_json::parse(text, nullptr,
                                                                 /*allow_exceptions=*/false);
   TORCH_CHECK_VALUE(header.is_object(), kName, ": the header is not a JSON object");
-  const char* body = data + 8 + n;
+  const uint64_t body_start = 8 + n;
   const uint64_t body_size = size - 8 - n;
 
   struct Entry {
@@ -129,8 +143,12 @@ NamedTensors parse_safetensors(const char* data, std::size_t size) {
 
   NamedTensors out;
   for (const auto& e : entries) {
-    auto t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
-    if (e.end > e.begin) std::memcpy(t.data_ptr(), body + e.begin, e.end - e.begin);
+    // Large tensors in huge-page-advised memory: faulting in a fresh buffer costs more than
+    // reading it.
+    auto t = detail::empty_large(e.shape, torch::TensorOptions().dtype(e.dtype));
+    if (e.end > e.begin) {
+      source.read(body_start + e.begin, t.data_ptr(), static_cast<std::size_t>(e.end - e.begin));
+    }
     out.emplace_back(e.name, t);
   }
   return out;

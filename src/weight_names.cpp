@@ -46,6 +46,8 @@ const char* layout_name(WeightLayout layout) {
       return "Llama";
     case WeightLayout::GPT2:
       return "GPT2";
+    case WeightLayout::BookMultiHeadAttentionWrapper:
+      return "BookMultiHeadAttentionWrapper";
   }
   return "unknown";
 }
@@ -61,6 +63,60 @@ void split_three(NamedTensors& out, const std::string& name, const torch::Tensor
   const auto parts = fused.chunk(3, dim);
   const char* names[] = {"W_query.", "W_key.", "W_value."};
   for (int i = 0; i < 3; ++i) out.emplace_back(parent + names[i] + leaf, parts[i]);
+}
+
+// "heads.<i>.<rest>" -> i and rest; false for any other name.
+bool head_entry(const std::string& name, int64_t& index, std::string& rest) {
+  static const std::regex pattern(R"(^heads\.(\d{1,6})\.(.+)$)");
+  std::smatch match;
+  if (!std::regex_match(name, match, pattern)) return false;
+  index = std::stoll(match[1].str());
+  rest = match[2].str();
+  return true;
+}
+
+// The book's wrapper: the heads' projections concatenated, in head order, along the output
+// features.
+NamedTensors concatenate_heads(const NamedTensors& file, const std::string& source,
+                               std::vector<std::string>& derived) {
+  std::vector<std::string> order;  // "W_query.weight", ... in the file's order
+  std::map<std::string, std::map<int64_t, torch::Tensor>> parts;
+  std::set<int64_t> heads;
+  NamedTensors out;
+  for (const auto& [name, tensor] : file) {
+    int64_t index = 0;
+    std::string rest;
+    if (!head_entry(name, index, rest)) {
+      out.emplace_back(name, tensor);
+      continue;
+    }
+    heads.insert(index);
+    if (rest == "mask") {
+      derived.push_back(name);
+      continue;
+    }
+    if (!parts.count(rest)) order.push_back(rest);
+    parts[rest][index] = tensor;
+  }
+  for (const auto& rest : order) {
+    const auto& by_head = parts.at(rest);
+    std::vector<torch::Tensor> tensors;
+    for (int64_t h = 0; h < static_cast<int64_t>(heads.size()); ++h) {
+      auto it = by_head.find(h);
+      TORCH_CHECK_VALUE(it != by_head.end(), kLoad, ": '", source, "': the ",
+                        layout_name(WeightLayout::BookMultiHeadAttentionWrapper),
+                        " layout needs heads 0 to ", heads.size() - 1, " each with ", rest,
+                        "; heads.", h, ".", rest, " is missing");
+      tensors.push_back(it->second);
+    }
+    try {
+      out.emplace_back(rest, torch::cat(tensors, 0));
+    } catch (const c10::Error&) {
+      TORCH_CHECK_VALUE(false, kLoad, ": '", source, "': the heads' ", rest,
+                        " differ in shape beyond their first dimension");
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -114,6 +170,9 @@ NamedTensors rename_all(const NamedTensors& file, const LoadOptions::NameMap& ma
 NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
                             const std::string& source, std::vector<std::string>& derived) {
   if (layout == WeightLayout::Native) return file;
+  if (layout == WeightLayout::BookMultiHeadAttentionWrapper) {
+    return concatenate_heads(file, source, derived);
+  }
   std::set<std::string> names;
   for (const auto& item : file) names.insert(item.first);
   NamedTensors out;
@@ -180,6 +239,7 @@ NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
         break;
       }
       case WeightLayout::Native:
+      case WeightLayout::BookMultiHeadAttentionWrapper:
         break;
     }
     out.emplace_back(name, tensor);

@@ -4,6 +4,7 @@
 
 #include "detail.h"
 #include "serialization/byte_source.h"
+#include "serialization/safetensors.h"
 #include "serialization/torch_save.h"
 #include "serialization/zip_archive.h"
 #include "weight_names.h"
@@ -74,13 +75,12 @@ FileContents read_contents(const serialization::ByteSource& source, const LoadOp
                   "' as a torch.save file or a TorchScript archive: ", e.what_without_backtrace());
     }
   }
-  const std::string bytes = source.read_string(0, source.size());
-  TORCH_CHECK(looks_like_safetensors(bytes.data(), bytes.size()), kLoad, ": '", path,
+  TORCH_CHECK(serialization::looks_like_safetensors(source), kLoad, ": '", path,
               "' is neither a safetensors file, a torch.save file nor a TorchScript archive");
   TORCH_CHECK_VALUE(options.key().empty(), kLoad, ": LoadOptions().key() picks an entry of a ",
                     "torch.save checkpoint; '", path, "' is a safetensors file");
   try {
-    return {"safetensors", parse_safetensors(bytes.data(), bytes.size())};
+    return {"safetensors", serialization::read_safetensors(source)};
   } catch (const c10::Error& e) {
     TORCH_CHECK_VALUE(false, kLoad, ": '", path,
                       "' is not a valid safetensors file: ", e.what_without_backtrace());
@@ -110,6 +110,18 @@ NamedTensors module_tensors(const torch::nn::Module& module) {
     if (b.value().defined()) out.emplace_back(b.key(), b.value());
   }
   return out;
+}
+
+// isfinite over slices of a million elements: the temporaries stay small and are reused, where
+// one isfinite over a large weight would fault in a fresh mask as large as a quarter of it.
+bool all_finite(const torch::Tensor& value) {
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  const torch::Tensor flat = value.reshape(-1);
+  for (int64_t start = 0; start < flat.numel(); start += kSlice) {
+    const auto slice = flat.slice(0, start, std::min(flat.numel(), start + kSlice));
+    if (!torch::isfinite(slice).all().item<bool>()) return false;
+  }
+  return true;
 }
 
 LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource& source,
@@ -159,8 +171,7 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
       cast = fmt::format("{}: {} -> {}", name, from, to);
       value = value.to(target.scalar_type());
     }
-    if (!options.allow_non_finite() && value.is_floating_point() &&
-        !torch::isfinite(value).all().item<bool>()) {
+    if (!options.allow_non_finite() && value.is_floating_point() && !all_finite(value)) {
       problems.push_back(
           fmt::format("{} holds NaN or Inf values{}", name, cast.empty() ? "" : " once cast"));
       continue;

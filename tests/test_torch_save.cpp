@@ -293,3 +293,43 @@ TEST_CASE("load_weights: a torch.save file with any byte changed loads the same 
   INFO(accepted << " of " << bytes.size() << " changed files accepted");
   CHECK(accepted < static_cast<int64_t>(bytes.size()));
 }
+
+TEST_CASE("load_weights: the book's chapter 3 CausalAttention and its MultiHeadAttentionWrapper",
+          "[weights][torch_save]") {
+  // CausalAttention(d_in=8, d_out=4, context_length=6, dropout=0.5, qkv_bias=True): one head,
+  // no output projection, the mask buffer derived.
+  torch::manual_seed(999);
+  MultiHeadAttention causal(MultiHeadAttentionOptions(8, 4, 1)
+                                .context_length(6)
+                                .dropout(0.5)
+                                .qkv_bias(true)
+                                .output_projection(false));
+  causal->eval();
+  const auto report = attention::load_weights(*causal, weights_file("book_causal_attention.pth"));
+  CHECK(report.loaded == std::vector<std::string>{"W_query.weight", "W_query.bias", "W_key.weight",
+                                                  "W_key.bias", "W_value.weight", "W_value.bias"});
+  CHECK(report.derived == std::vector<std::string>{"mask"});
+  check_output(causal, "book_causal_attention");
+
+  // MultiHeadAttentionWrapper(d_in=8, d_out=3, context_length=6, dropout=0.5, num_heads=3): the
+  // heads' projections concatenated into one module of three heads.
+  MultiHeadAttention wrapper(
+      MultiHeadAttentionOptions(8, 9, 3).context_length(6).dropout(0.5).output_projection(false));
+  wrapper->eval();
+  const auto path = weights_file("book_wrapper.pth");
+  CHECK_THROWS_C10(attention::load_weights(*wrapper, path), c10::ValueError,
+                   "unexpected in the file: heads.0.mask, heads.0.W_query.weight");
+  const auto heads = attention::load_weights(
+      *wrapper, path, LoadOptions().layout(WeightLayout::BookMultiHeadAttentionWrapper));
+  CHECK(heads.loaded ==
+        std::vector<std::string>{"W_query.weight", "W_key.weight", "W_value.weight"});
+  CHECK(heads.derived == std::vector<std::string>{"heads.0.mask", "heads.1.mask", "heads.2.mask"});
+  check_output(wrapper, "book_wrapper");
+
+  // A head missing from the file is named.
+  CHECK_THROWS_C10(attention::load_weights(*wrapper, path,
+                                           LoadOptions()
+                                               .layout(WeightLayout::BookMultiHeadAttentionWrapper)
+                                               .rename({{"^heads\\.1\\.W_key", "heads.1.other"}})),
+                   c10::ValueError, "heads.1.W_key.weight is missing");
+}

@@ -2,7 +2,7 @@
 //
 // Python side:
 //     mha = MultiHeadAttentionWrapper(d_in=8, d_out_kq=4, d_out_v=3, num_heads=3)
-//     torch.jit.save(torch.jit.script(mha), "mha.pt")   # or torch.save(dict(mha.state_dict()), p)
+//     torch.save(mha.state_dict(), "mha.pt")   # or torch.jit.save(torch.jit.script(mha), p)
 //
 // usage: load-python-weights WEIGHTS_FILE
 

@@ -42,6 +42,10 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(bool, qkv_bias) = false;
   /// Bias in out_proj: the book's has one (default true); Llama's `o_proj` has none.
   TORCH_ARG(bool, out_bias) = true;
+  /// An output projection `out_proj` (default true). Without it the heads' outputs are only
+  /// concatenated, as by the book's CausalAttention (one head) and its MultiHeadAttentionWrapper
+  /// of CausalAttention heads (see WeightLayout::BookMultiHeadAttentionWrapper).
+  TORCH_ARG(bool, output_projection) = true;
   /// Key/value heads: num_heads (default) is multi-head attention, fewer is grouped-query
   /// attention, 1 is multi-query attention. Must divide num_heads.
   TORCH_ARG(int64_t, num_kv_heads);
@@ -77,7 +81,8 @@ struct MultiHeadAttentionForwardOptions {
 /// heads split with view/transpose, scaled dot-product attention, an output projection.
 ///
 /// Submodules `W_query` (d_in -> d_out), `W_key` and `W_value` (d_in_kv -> num_kv_heads *
-/// head_dim) and `out_proj` (d_out -> d_out, with bias), created in that order with LibTorch's
+/// head_dim) and `out_proj` (d_out -> d_out, with bias; none with `output_projection(false)`),
+/// created in that order with LibTorch's
 /// Linear initialization: the same seed gives the same weights as the book's Python class, and
 /// weights saved from that class load by name. The book's class also stores its causal mask as a
 /// buffer `mask`; this module computes the mask instead, and load_weights() accepts and skips a
@@ -117,7 +122,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_key{nullptr};
   /// Value projection, d_in_kv -> num_kv_heads * head_dim.
   torch::nn::Linear W_value{nullptr};
-  /// Output projection, d_out -> d_out, with bias.
+  /// Output projection, d_out -> d_out (empty with `output_projection(false)`).
   torch::nn::Linear out_proj{nullptr};
 };
 

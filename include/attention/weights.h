@@ -45,6 +45,12 @@ enum class WeightLayout {
   /// `c_proj.weight` (transposed) and `c_proj.bias` for `out_proj`. The causal-mask buffers `bias`
   /// and `masked_bias` next to `c_attn` are skipped and listed in LoadReport::derived.
   GPT2,
+  /// The book's MultiHeadAttentionWrapper of CausalAttention heads (chapter 3):
+  /// `heads.<i>.W_query.weight` (and bias, W_key, W_value) of the H heads are concatenated, in
+  /// head order, into the projections of MultiHeadAttentionOptions(d_in, H * d_out, H)
+  /// .output_projection(false); the heads' `mask` buffers are skipped and listed in
+  /// LoadReport::derived.
+  BookMultiHeadAttentionWrapper,
 };
 
 /// Options of load_weights(). The file's names go through, in order: LoadOptions::key (which

@@ -1,5 +1,7 @@
 #include "serialization/torch_save.h"
 
+#include "detail.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
@@ -112,7 +114,8 @@ Unpickled read_torch_save(const ZipArchive& archive, const std::string& source,
                     static_cast<uint64_t>(bytes) == archive.size(record),
                 "'", source, "': storage '", key, "' of ", numel, " ", c10::toString(dtype),
                 " elements does not fill its record of ", archive.size(record), " bytes");
-    at::Tensor storage = at::empty({numel}, at::TensorOptions().dtype(dtype));
+    // Large storages in huge-page-advised memory: most of a fresh buffer's cost is faulting it in.
+    at::Tensor storage = detail::empty_large({numel}, at::TensorOptions().dtype(dtype));
     archive.read(record, storage.data_ptr());
     return storage;
   };

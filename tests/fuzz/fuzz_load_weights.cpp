@@ -1,11 +1,12 @@
 // libFuzzer target: load_weights on arbitrary bytes, as for a file from an untrusted source
-// (LoadOptions().trusted(false): safetensors only, everything else refused before LibTorch
-// parses it). Any input may be rejected with a c10::Error; none may crash, and a rejected load
-// must leave the module's weights as they were.
+// (LoadOptions().trusted(false): safetensors and torch.save archives, read by this library's own
+// readers; TorchScript refused before LibTorch parses it). Any input may be rejected with a
+// c10::Error; none may crash, and a rejected load must leave the module's weights as they were.
 //
-// The trusted formats are LibTorch's own readers and are not fuzzed here: on mutated TorchScript
-// archives LibTorch 1.13's importer called std::terminate (tests/fuzz/regressions/), and on
-// mutated pickles its unpickler grew past 4 GB within 11,000 inputs.
+// TorchScript is LibTorch's own reader and is not fuzzed here: on mutated TorchScript archives
+// LibTorch 1.13's importer called std::terminate (tests/fuzz/regressions/). The pickle inside a
+// torch.save archive has a target of its own (fuzz_unpickler.cpp): the archive's CRC-32 stops
+// most mutations of it here.
 
 #include <attention/attention.h>
 
