@@ -11,3 +11,15 @@ configure_and_build() {
   cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@"
   cmake --build "$BUILD_DIR" -j "$JOBS"
 }
+
+# Installs BUILD_DIR into WORK/prefix (once) and builds examples/NAME against the installed
+# package into WORK/NAME, as a downstream project would.
+build_example() {
+  local work=$1 name=$2
+  if [[ ! -d $work/prefix ]]; then
+    cmake --install "$BUILD_DIR" --prefix "$work/prefix" >/dev/null
+  fi
+  cmake -S "$ROOT/examples/$name" -B "$work/$name" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+  cmake --build "$work/$name" -j "$JOBS" >/dev/null
+}

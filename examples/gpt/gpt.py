@@ -1,0 +1,117 @@
+"""The book's GPT (chapter 4) in Python: the model the C++ example mirrors, its text generation
+without a cache (the book's generate_text_simple) and with a key/value cache."""
+
+import os
+import sys
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from reference import MultiHeadAttention  # noqa: E402  the book's class
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, emb_dim):
+        super().__init__()
+        self.eps = 1e-5
+        self.scale = nn.Parameter(torch.ones(emb_dim))
+        self.shift = nn.Parameter(torch.zeros(emb_dim))
+
+    def forward(self, x):
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)
+        return self.scale * (x - mean) / torch.sqrt(var + self.eps) + self.shift
+
+
+class GELU(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1 + torch.tanh(torch.sqrt(torch.tensor(2.0 / torch.pi)) *
+                                         (x + 0.044715 * torch.pow(x, 3))))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg["emb_dim"]
+        self.layers = nn.Sequential(nn.Linear(d, 4 * d), GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.att = MultiHeadAttention(cfg["emb_dim"], cfg["emb_dim"], cfg["context_length"],
+                                      cfg["drop_rate"], cfg["n_heads"], qkv_bias=cfg["qkv_bias"])
+        self.ff = FeedForward(cfg)
+        self.norm1 = LayerNorm(cfg["emb_dim"])
+        self.norm2 = LayerNorm(cfg["emb_dim"])
+        self.drop_shortcut = nn.Dropout(cfg["drop_rate"])
+
+    def forward(self, x, cache=None):
+        shortcut = x
+        x = self.norm1(x)
+        x = self.att(x) if cache is None else cached_attention(self.att, x, cache)
+        x = self.drop_shortcut(x) + shortcut
+        shortcut = x
+        return self.drop_shortcut(self.ff(self.norm2(x))) + shortcut
+
+
+class GPTModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.tok_emb = nn.Embedding(cfg["vocab_size"], cfg["emb_dim"])
+        self.pos_emb = nn.Embedding(cfg["context_length"], cfg["emb_dim"])
+        self.drop_emb = nn.Dropout(cfg["drop_rate"])
+        self.trf_blocks = nn.Sequential(*[TransformerBlock(cfg) for _ in range(cfg["n_layers"])])
+        self.final_norm = LayerNorm(cfg["emb_dim"])
+        self.out_head = nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
+
+    def forward(self, idx, caches=None, start=0):
+        positions = torch.arange(start, start + idx.shape[1])
+        x = self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions))
+        for i, block in enumerate(self.trf_blocks):
+            x = block(x, None if caches is None else caches[i])
+        return self.out_head(self.final_norm(x))
+
+
+def cached_attention(att, x, cache):
+    """The book's MultiHeadAttention on new tokens, attending to the cached ones as well."""
+    b, t, _ = x.shape
+    split = lambda y: y.view(b, t, att.num_heads, att.head_dim).transpose(1, 2)  # noqa: E731
+    q, k, v = split(att.W_query(x)), split(att.W_key(x)), split(att.W_value(x))
+    if cache:
+        k = torch.cat([cache[0], k], dim=2)
+        v = torch.cat([cache[1], v], dim=2)
+    cache[:] = [k, v]
+    total = k.shape[2]
+    scores = q @ k.transpose(2, 3)
+    hidden = torch.ones(t, total, dtype=torch.bool).triu(total - t + 1)
+    weights = torch.softmax(scores.masked_fill(hidden, -torch.inf) / att.head_dim ** 0.5, dim=-1)
+    return att.out_proj((weights @ v).transpose(1, 2).reshape(b, t, att.d_out))
+
+
+def generate_text_simple(model, idx, max_new_tokens, context_size):
+    """The book's greedy generation: the whole (cropped) sequence through the model each step."""
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, -context_size:])[:, -1, :]
+        idx = torch.cat([idx, torch.argmax(logits, dim=-1, keepdim=True)], dim=1)
+    return idx
+
+
+def generate_cached(model, idx, max_new_tokens):
+    """Greedy generation with a key/value cache: the prompt once, then one token per step.
+    Returns the tokens and the logits of every step."""
+    caches = [[] for _ in model.trf_blocks]
+    steps = []
+    with torch.no_grad():
+        logits = model(idx, caches, 0)[:, -1, :]
+        for _ in range(max_new_tokens):
+            steps.append(logits)
+            token = torch.argmax(logits, dim=-1, keepdim=True)
+            idx = torch.cat([idx, token], dim=1)
+            logits = model(token, caches, idx.shape[1] - 1)[:, -1, :]
+    return idx, torch.stack(steps, dim=1)
