@@ -68,7 +68,10 @@ const std::vector<std::string> kBookNames = {"W_query.weight",  "W_query.bias", 
 
 TEST_CASE("load_weights: torch.save(model.state_dict()) loads and gives Python's output",
           "[weights][torch_save]") {
-  for (const char* file : {"book_mha.pth", "book_mha.protocol4.pth", "book_mha.parameters.pth"}) {
+  // pytorch2.6/: the same module saved by PyTorch 2.6 (64-byte aligned records, a byteorder
+  // record, a serialization id).
+  for (const char* file : {"book_mha.pth", "book_mha.protocol4.pth", "book_mha.parameters.pth",
+                           "pytorch2.6/book_mha.pth"}) {
     INFO(file);
     for (bool trusted : {true, false}) {
       auto mha = book_mha();
@@ -110,10 +113,14 @@ TEST_CASE("load_weights: a checkpoint loads by key, and without one the error na
   CHECK_THROWS_C10(attention::load_weights(*mha, path, LoadOptions().key("optimizer_state_dict")),
                    c10::ValueError, "'state' (a dict), 'param_groups' (a list)");
   CHECK(unchanged(*mha, before));
-  const auto report =
-      attention::load_weights(*mha, path, LoadOptions().key("model_state_dict").trusted(false));
-  CHECK(report.loaded == kBookNames);
-  check_output(mha, "checkpoint");
+  for (const auto& file : {path, weights_file("pytorch2.6/checkpoint.pth")}) {
+    INFO(file);
+    auto loaded = book_mha();
+    const auto report = attention::load_weights(
+        *loaded, file, LoadOptions().key("model_state_dict").trusted(false));
+    CHECK(report.loaded == kBookNames);
+    check_output(loaded, "checkpoint");
+  }
 }
 
 TEST_CASE("load_weights: a Python global outside the weights-only allowlist is refused by name",
@@ -206,13 +213,16 @@ TEST_CASE("load_weights: the layout of Hugging Face Llama, with grouped-query sh
 
 TEST_CASE("load_weights: the layout of GPT-2, fused and transposed as its Conv1D stores it",
           "[weights][torch_save]") {
-  auto mha = book_mha();
   const auto path = weights_file("gpt2.pth");
-  const auto report = attention::load_weights(
-      *mha, path, LoadOptions().prefix("h.1.attn.").layout(WeightLayout::GPT2));
-  CHECK(report.loaded == kBookNames);
-  CHECK(report.derived == std::vector<std::string>{"bias", "masked_bias"});
-  check_output(mha, "gpt2");
+  for (const auto& file : {path, weights_file("pytorch2.6/gpt2.pth")}) {
+    INFO(file);
+    auto mha = book_mha();
+    const auto report = attention::load_weights(
+        *mha, file, LoadOptions().prefix("h.1.attn.").layout(WeightLayout::GPT2));
+    CHECK(report.loaded == kBookNames);
+    CHECK(report.derived == std::vector<std::string>{"bias", "masked_bias"});
+    check_output(mha, "gpt2");
+  }
   // The MLP's c_proj has no c_attn beside it: it keeps its name.
   auto other = book_mha();
   const auto block = attention::load_weights(

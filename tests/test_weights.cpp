@@ -180,9 +180,12 @@ TEST_CASE("load_weights: safetensors written by Python load, and C++ writes them
 
 TEST_CASE("load_weights: every truncation of a valid file fails cleanly and changes nothing",
           "[weights][errors]") {
-  for (const char* name :
-       {"wrapper_3_heads.safetensors", "wrapper_3_heads.state_dict.pt", "wrapper_3_heads.pt"}) {
-    const auto bytes = read_bytes(golden_file(name));
+  // The golden files, and the OrderedDict of torch.save(model.state_dict()).
+  const std::string ordered = std::string(ATTENTION_SOURCE_DIR) + "/models/weights/book_mha.pth";
+  for (const std::string& file :
+       {golden_file("wrapper_3_heads.safetensors"), golden_file("wrapper_3_heads.state_dict.pt"),
+        golden_file("wrapper_3_heads.pt"), ordered}) {
+    const auto bytes = read_bytes(file);
     REQUIRE(bytes.size() > 100);
     attention::MultiHeadAttentionWrapper mha(8, 4, 3, 3);
     const auto before = snapshot(*mha);
@@ -196,7 +199,7 @@ TEST_CASE("load_weights: every truncation of a valid file fails cleanly and chan
         ++failures;
       }
     }
-    INFO(name << ": " << bytes.size() << " truncations");
+    INFO(file << ": " << bytes.size() << " truncations");
     CHECK(failures == static_cast<int64_t>(bytes.size()));
     CHECK(unchanged(*mha, before));
     std::remove(path.c_str());
