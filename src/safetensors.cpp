@@ -34,9 +34,7 @@ std::string dtype_name(torch::Dtype dtype) {
 }
 
 uint64_t read_u64_le(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
+  return serialization::little_endian(p, 8);
 }
 
 }  // namespace

@@ -182,10 +182,9 @@ NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
     switch (layout) {
       case WeightLayout::TorchMultiheadAttention: {
         // nn.MultiheadAttention registers its fused projection directly on itself.
-        const std::string owner = name.substr(0, name.size() - n.leaf.size());
         if (n.leaf == "in_proj_weight" || n.leaf == "in_proj_bias") {
           const bool weight = n.leaf == "in_proj_weight";
-          split_three(out, name, tensor, 0, weight ? 2 : 1, owner, weight ? "weight" : "bias",
+          split_three(out, name, tensor, 0, weight ? 2 : 1, module_path, weight ? "weight" : "bias",
                       layout, source);
           continue;
         }
@@ -193,7 +192,7 @@ NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
           const char* target = n.leaf[0] == 'q'   ? "W_query"
                                : n.leaf[0] == 'k' ? "W_key"
                                                   : "W_value";
-          out.emplace_back(owner + target + ".weight", tensor);
+          out.emplace_back(module_path + target + ".weight", tensor);
           continue;
         }
         TORCH_CHECK_VALUE(n.leaf != "bias_k" && n.leaf != "bias_v", kLoad, ": '", source,

@@ -7,6 +7,8 @@
 #include <torch/types.h>
 #include "catch_compat.h"
 
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,13 @@ inline bool unchanged(const torch::nn::Module& m, const std::vector<torch::Tenso
     if (!torch::equal(now[i], before[i])) return false;
   }
   return true;
+}
+
+// The whole of a file.
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // The message of a c10 error without LibTorch's backtrace.

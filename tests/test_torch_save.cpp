@@ -10,8 +10,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 
 using attention::LoadOptions;
@@ -27,15 +25,9 @@ std::string weights_file(const std::string& name) {
   return std::string(ATTENTION_SOURCE_DIR) + "/models/weights/" + name;
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // "input" and "output" of <name>.expected.pt, read with LibTorch's own unpickler.
 std::map<std::string, torch::Tensor> expected(const std::string& name) {
-  const std::string bytes = read_all(weights_file(name + ".expected.pt"));
+  const std::string bytes = test::read_bytes(weights_file(name + ".expected.pt"));
   std::map<std::string, torch::Tensor> out;
   for (const auto& item :
        torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict()) {
@@ -89,7 +81,7 @@ TEST_CASE("load_weights: torch.save(model.state_dict()) loads and gives Python's
     }
   }
   // The same bytes from memory.
-  const std::string bytes = read_all(weights_file("book_mha.pth"));
+  const std::string bytes = test::read_bytes(weights_file("book_mha.pth"));
   auto mha = book_mha();
   attention::load_weights_from_memory(*mha, bytes.data(), bytes.size());
   check_output(mha, "book_mha");
@@ -277,7 +269,7 @@ TEST_CASE("load_weights: rename() by rules or by a function", "[weights][torch_s
 
 TEST_CASE("load_weights: a torch.save file with any byte changed loads the same values or fails",
           "[weights][torch_save][errors]") {
-  const std::string bytes = read_all(weights_file("book_mha.pth"));
+  const std::string bytes = test::read_bytes(weights_file("book_mha.pth"));
   auto reference = book_mha();
   attention::load_weights_from_memory(*reference, bytes.data(), bytes.size());
   const auto good = snapshot(*reference);

@@ -146,11 +146,6 @@ TEST_CASE("load_weights: NaN or Inf values are rejected unless allowed", "[weigh
 
 namespace {
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary)
       .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -185,7 +180,7 @@ TEST_CASE("load_weights: every truncation of a valid file fails cleanly and chan
   for (const std::string& file :
        {golden_file("wrapper_3_heads.safetensors"), golden_file("wrapper_3_heads.state_dict.pt"),
         golden_file("wrapper_3_heads.pt"), ordered}) {
-    const auto bytes = read_bytes(file);
+    const auto bytes = test::read_bytes(file);
     REQUIRE(bytes.size() > 100);
     attention::MultiHeadAttentionWrapper mha(8, 4, 3, 3);
     const auto before = snapshot(*mha);

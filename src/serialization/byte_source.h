@@ -13,6 +13,13 @@
 namespace attention {
 namespace serialization {
 
+/// The unsigned little-endian integer in the `width` (at most 8) bytes at `p`.
+inline uint64_t little_endian(const char* p, std::size_t width) {
+  uint64_t v = 0;
+  for (std::size_t i = width; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
 class ByteSource {
  public:
   virtual ~ByteSource() = default;

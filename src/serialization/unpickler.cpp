@@ -1,5 +1,7 @@
 #include "serialization/unpickler.h"
 
+#include "serialization/byte_source.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -78,12 +80,7 @@ class Machine {
     pos_ += n;
     return p;
   }
-  uint64_t unsigned_le(std::size_t n) {
-    const char* p = take(n);
-    uint64_t v = 0;
-    for (std::size_t i = n; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(p[i]);
-    return v;
-  }
+  uint64_t unsigned_le(std::size_t n) { return little_endian(take(n), n); }
   int64_t signed_le(std::size_t n) {
     fail_unless(n <= 8, "an integer of " + std::to_string(n) + " bytes (at most 8 are read)");
     if (n == 0) return 0;
@@ -174,8 +171,8 @@ class Machine {
         return "y" + std::to_string(v.text.size()) + ":" + v.text;
       case Kind::Tuple: {
         std::string out = "t" + std::to_string(v.items.size()) + "(";
-        const std::vector<uint32_t> items = v.items;
-        for (uint32_t item : items) out += key_text(item, depth + 1) + ",";
+        // No value is made while keys are read, so `v` stays valid.
+        for (uint32_t item : v.items) out += key_text(item, depth + 1) + ",";
         return out + ")";
       }
       default:
