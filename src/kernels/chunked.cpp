@@ -211,22 +211,46 @@ std::tuple<Tensor, Tensor, Tensor> backward_blocks(const Problem& p, const Tenso
   return {dq, dk, dv};
 }
 
+Tensor flat_queries(const Problem& p, const Tensor& q) {
+  return q.mul(p.scale).reshape({p.n, p.g, p.t_q, p.d}).contiguous();
+}
+
+Tensor flat_keys(const Problem& p, const Tensor& t) {
+  return t.reshape({p.n, p.t_k, t.size(-1)}).contiguous();
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> forward_with_lse(const Problem& p, const Tensor& q, const Tensor& k,
+                                           const Tensor& v) {
+  if (cpu_forward_applies(q)) return cpu_forward(p, q, k, v);
+  auto [out, lse] = forward_blocks(p, flat_queries(p, q), flat_keys(p, k), flat_keys(p, v));
+  auto shape = q.sizes().vec();
+  shape.back() = p.dv;
+  return {out.view(shape), lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward_with_lse(const Problem& p, const Tensor& q,
+                                                     const Tensor& k, const Tensor& v,
+                                                     const Tensor& out, const Tensor& lse,
+                                                     const Tensor& grad_out) {
+  const auto flat_out = [&](const Tensor& t) {
+    return t.reshape({p.n, p.g, p.t_q, p.dv}).contiguous();
+  };
+  auto [dq, dk, dv] = backward_blocks(p, flat_queries(p, q), flat_keys(p, k), flat_keys(p, v),
+                                      flat_out(out), lse, flat_out(grad_out));
+  return {dq.mul_(p.scale).view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes())};
+}
+
+namespace {
+
 // Saves the unscaled queries and the keys and values as given; the flattened, contiguous
 // (N, G, T, d) copies that the generic tiles need are made in backward only.
 class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
  public:
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Problem& problem) {
-    Tensor out, lse;
-    if (cpu_forward_applies(q)) {
-      std::tie(out, lse) = cpu_forward(problem, q, k, v);
-    } else {
-      std::tie(out, lse) = forward_blocks(problem, flat_queries(problem, q), flat_keys(problem, k),
-                                          flat_keys(problem, v));
-      auto shape = q.sizes().vec();
-      shape.back() = problem.dv;
-      out = out.view(shape);
-    }
+    auto [out, lse] = forward_with_lse(problem, q, k, v);
     ctx->save_for_backward({q, k, v, out, lse});
     // The problem travels to backward as plain values: the mask is never an autograd input here
     // (a mask that needs a gradient is refused before the kernel runs).
@@ -256,21 +280,9 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     p.lead = ctx->saved_data["lead"].toIntVector();
     p.mask = ctx->saved_data["mask"].toTensor();
     p.scale = ctx->saved_data["scale"].toDouble();
-    const Tensor &q = saved[0], &k = saved[1], &v = saved[2];
-    const auto flat_out = [&](const Tensor& t) {
-      return t.reshape({p.n, p.g, p.t_q, p.dv}).contiguous();
-    };
-    auto [dq, dk, dv] = backward_blocks(p, flat_queries(p, q), flat_keys(p, k), flat_keys(p, v),
-                                        flat_out(saved[3]), saved[4], flat_out(grads[0]));
-    return {dq.mul_(p.scale).view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), Tensor()};
-  }
-
- private:
-  static Tensor flat_queries(const Problem& p, const Tensor& q) {
-    return q.mul(p.scale).reshape({p.n, p.g, p.t_q, p.d}).contiguous();
-  }
-  static Tensor flat_keys(const Problem& p, const Tensor& t) {
-    return t.reshape({p.n, p.t_k, t.size(-1)}).contiguous();
+    auto [dq, dk, dv] =
+        backward_with_lse(p, saved[0], saved[1], saved[2], saved[3], saved[4], grads[0]);
+    return {dq, dk, dv, Tensor()};
   }
 };
 

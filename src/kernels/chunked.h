@@ -1,13 +1,16 @@
 #pragma once
 
 // Shared by the two halves of the chunked backend: the device-generic tiles made of LibTorch
-// ops (chunked.cpp, forward and backward) and the fused CPU forward (chunked_cpu.cpp).
+// ops (chunked.cpp, forward and backward) and the fused CPU forward (chunked_cpu.cpp); and the
+// backend's two halves without autograd, for callers that merge the results of several key
+// blocks through their log-sum-exp (ring attention).
 
 #include "kernels/problem.h"
 
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,6 +28,23 @@ bool cpu_forward_applies(const torch::Tensor& query);
 std::pair<torch::Tensor, torch::Tensor> cpu_forward(const Problem& p, const torch::Tensor& query,
                                                     const torch::Tensor& key,
                                                     const torch::Tensor& value);
+
+/// The Chunked forward of `p` (its mask expanded to the scores' shape) without autograd: the fused
+/// CPU forward where it applies, else the tiles. Returns the output shaped like the queries with
+/// dv features and the log-sum-exp (N, G, Tq), +inf for a query that sees no key.
+std::pair<torch::Tensor, torch::Tensor> forward_with_lse(const Problem& p,
+                                                         const torch::Tensor& query,
+                                                         const torch::Tensor& key,
+                                                         const torch::Tensor& value);
+
+/// The gradients of query, key and value (shaped like them) of the keys of `p`, given the final
+/// output `out` and log-sum-exp `lse` (N, G, Tq) of the queries. When the keys of `p` are one
+/// block of a longer sequence, `out` and `lse` are those of the whole sequence, and the results
+/// are that block's share of the gradients.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward_with_lse(
+    const Problem& p, const torch::Tensor& query, const torch::Tensor& key,
+    const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
+    const torch::Tensor& grad_out);
 
 }  // namespace kernels
 }  // namespace attention

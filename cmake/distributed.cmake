@@ -1,0 +1,34 @@
+# attention::distributed, the optional part on PyTorch's c10d: built when LibTorch has c10d's
+# Gloo headers and Gloo itself is installed (Debian: libgloo-dev). ATTENTION_DISTRIBUTED=AUTO
+# (default) builds it when both are found, ON requires them, OFF skips it.
+set(ATTENTION_DISTRIBUTED AUTO CACHE STRING "Build attention::distributed: AUTO, ON or OFF")
+set_property(CACHE ATTENTION_DISTRIBUTED PROPERTY STRINGS AUTO ON OFF)
+set(ATTENTION_HAS_DISTRIBUTED OFF)
+if(NOT ATTENTION_DISTRIBUTED STREQUAL "OFF")
+  find_package(Gloo CONFIG QUIET)
+  find_file(ATTENTION_C10D_GLOO_HEADER torch/csrc/distributed/c10d/ProcessGroupGloo.hpp
+    PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  if(Gloo_FOUND AND TARGET gloo AND ATTENTION_C10D_GLOO_HEADER)
+    set(ATTENTION_HAS_DISTRIBUTED ON)
+  elseif(ATTENTION_DISTRIBUTED STREQUAL "ON")
+    message(FATAL_ERROR "ATTENTION_DISTRIBUTED=ON needs c10d's ProcessGroupGloo.hpp in LibTorch "
+      "and Gloo's CMake package (Debian: libgloo-dev)")
+  endif()
+endif()
+message(STATUS "attention::distributed (c10d with Gloo): ${ATTENTION_HAS_DISTRIBUTED}")
+
+if(ATTENTION_HAS_DISTRIBUTED)
+  add_library(attention_distributed
+    src/distributed/group.cpp
+    src/distributed/ring_attention.cpp
+    src/distributed/head_parallel.cpp
+  )
+  add_library(attention::distributed ALIAS attention_distributed)
+  set_target_properties(attention_distributed PROPERTIES EXPORT_NAME distributed
+    POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(attention_distributed PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  # Without USE_C10D_GLOO LibTorch's ProcessGroupGloo.hpp declares nothing.
+  target_compile_definitions(attention_distributed PUBLIC USE_C10D_GLOO)
+  target_link_libraries(attention_distributed PUBLIC attention gloo)
+  target_compile_options(attention_distributed PRIVATE ${ATTENTION_WARNINGS})
+endif()

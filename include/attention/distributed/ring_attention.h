@@ -1,0 +1,70 @@
+#pragma once
+
+/// \file
+/// Ring attention: scaled dot-product attention over a sequence split across the ranks of a
+/// Group; key/value blocks travel around the ring while each rank works on the block at hand.
+
+#include <attention/distributed/group.h>
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <c10/util/Optional.h>
+
+namespace attention {
+namespace distributed {
+
+/// Options of ring_attention().
+struct RingAttentionOptions {
+  /// Hide later keys from each query. The sequence must then be split with
+  /// shard_sequence(..., balanced = true): each rank holds an early and a late chunk, so that
+  /// every rank has the same work.
+  TORCH_ARG(bool, is_causal) = false;
+  /// Multiplies the scores; when unset they are divided by sqrt(d).
+  TORCH_ARG(c10::optional<double>, scale) = c10::nullopt;
+  /// Bool (B, T_local), true = padding: this rank's keys that no query may see. It travels with
+  /// its keys around the ring.
+  TORCH_ARG(torch::Tensor, key_padding_mask) = {};
+  /// Query and key block size of the Chunked kernel each rank runs.
+  TORCH_ARG(int64_t, block_size) = 256;
+};
+
+/// softmax(Q Kᵀ · scale) V over the whole sequence, where each rank holds one shard of it (see
+/// shard_sequence()): `query` (B, H, T_local, d), `key` (B, Hkv, T_local, d) and `value` (B, Hkv,
+/// T_local, dv) of this rank's positions, with H a multiple of Hkv (grouped-query attention).
+/// Returns this rank's output (B, H, T_local, dv), equal to the matching rows of
+/// functional::scaled_dot_product_attention on the gathered inputs.
+///
+/// The keys and values go once around the ring (W - 1 transfers of T_local positions per rank,
+/// each overlapped with the kernel's work on the previous block); per rank the memory is that of
+/// the local shard plus two blocks. Differentiable: the backward sends the keys and values around
+/// once more, together with their gradients, which arrive back at their rank at the end.
+/// Float and double CPU tensors; every rank must pass the same shapes and options (checked,
+/// with one small collective). A rank that stops makes the others fail within the group's timeout.
+///
+/// Example:
+/// \code
+///   auto group = attention::distributed::Group::from_env();
+///   auto q = attention::distributed::shard_sequence(q_full, 2, group, /*balanced=*/true);
+///   // ... k and v the same way
+///   auto out = attention::distributed::ring_attention(
+///       q, k, v, group, attention::distributed::RingAttentionOptions().is_causal(true));
+///   auto out_full = attention::distributed::gather_sequence(out, 2, group, /*balanced=*/true);
+/// \endcode
+torch::Tensor ring_attention(const torch::Tensor& query, const torch::Tensor& key,
+                             const torch::Tensor& value, const Group& group,
+                             const RingAttentionOptions& options = {});
+
+/// This rank's shard of `full` along `dim`: with `balanced`, the sequence is cut into 2W chunks
+/// and rank r takes chunks r and 2W-1-r (causal attention needs this); without, rank r takes
+/// chunk r of W. The length must divide evenly (c10::ValueError otherwise).
+torch::Tensor shard_sequence(const torch::Tensor& full, int64_t dim, const Group& group,
+                             bool balanced);
+
+/// The inverse of shard_sequence(): every rank's shard gathered and put back in order, on every
+/// rank. Differentiable for none of its inputs (it is for checks and outputs).
+torch::Tensor gather_sequence(const torch::Tensor& local, int64_t dim, const Group& group,
+                              bool balanced);
+
+}  // namespace distributed
+}  // namespace attention
