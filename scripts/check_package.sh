@@ -2,7 +2,8 @@
 # Installs the library from BUILD_DIR into a temporary prefix, builds the examples against the
 # installed package as a downstream project would, and runs them: examples/load_python_weights on
 # weights that Python saves, examples/gpt on the book's GPT that examples/gpt/train.py trained
-# (models/gpt/), which must generate Python's tokens.
+# (models/gpt/), which must generate Python's tokens; and examples/ring_attention over torchrun
+# on two processes when the library has attention::distributed.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -17,4 +18,10 @@ for file in mha.pt mha_state_dict.pt; do
 done
 build_example "$work" gpt
 "$work/gpt/gpt" "$ROOT/models/gpt"
+# attention::distributed is optional: present when the library was built with it.
+if [[ -f $work/prefix/include/attention/distributed.h ]]; then
+  build_example "$work" ring_attention
+  torchrun --standalone --nproc_per_node=2 --redirects 1 --tee 1 --no_python \
+    "$work/ring_attention/ring-attention" | grep "matches one process"
+fi
 echo "check_package.sh: the installed package builds and runs the examples"

@@ -35,7 +35,7 @@ struct GroupOptions {
 ///
 /// Example:
 /// \code
-///   // torchrun --standalone --nproc_per_node=2 --no-python ./my_program
+///   // torchrun --standalone --nproc_per_node=2 --no_python ./my_program
 ///   auto group = attention::distributed::Group::from_env();
 ///   std::cout << "rank " << group.rank() << " of " << group.size() << "\n";
 /// \endcode
