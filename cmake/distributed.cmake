@@ -31,4 +31,12 @@ if(ATTENTION_HAS_DISTRIBUTED)
   target_compile_definitions(attention_distributed PUBLIC USE_C10D_GLOO)
   target_link_libraries(attention_distributed PUBLIC attention gloo)
   target_compile_options(attention_distributed PRIVATE ${ATTENTION_WARNINGS})
+  set_source_files_properties(src/distributed/ring_attention.cpp src/distributed/head_parallel.cpp
+    PROPERTIES COMPILE_OPTIONS "${ATTENTION_AUTOGRAD_FUNCTION_OPTIONS}")
+endif()
+
+if(ATTENTION_HAS_DISTRIBUTED AND ATTENTION_BUILD_TOOLS)
+  add_executable(attention-ring-bench tools/ring_bench/main.cpp)
+  target_link_libraries(attention-ring-bench PRIVATE attention::distributed)
+  target_compile_options(attention-ring-bench PRIVATE ${ATTENTION_WARNINGS})
 endif()

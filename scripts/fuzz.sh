@@ -12,7 +12,8 @@ seconds=${1:-60}
 "$ROOT/scripts/setup.sh"
 fuzz_dir=$ROOT/build-fuzz
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$fuzz_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DATTENTION_FUZZ=ON -DATTENTION_BUILD_TESTS=OFF -DATTENTION_BUILD_TOOLS=OFF >/dev/null
+  -DATTENTION_FUZZ=ON -DATTENTION_BUILD_TESTS=OFF -DATTENTION_BUILD_TOOLS=OFF \
+  -DATTENTION_DISTRIBUTED=OFF >/dev/null
 cmake --build "$fuzz_dir" -j "$JOBS" --target fuzz-safetensors fuzz-load_weights fuzz-unpickler \
   fuzz-attention
 

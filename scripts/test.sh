@@ -20,7 +20,8 @@ fi
 if [[ ${1:-} == --sanitize ]]; then
   BUILD_DIR=$ROOT/build-sanitize
   start=$SECONDS
-  configure_and_build -DATTENTION_SANITIZE=ON -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON
+  configure_and_build -DATTENTION_SANITIZE=ON -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON \
+    -DATTENTION_DISTRIBUTED=ON
   echo "test.sh --sanitize: build took $((SECONDS - start)) s"
   # LibTorch is not instrumented: leaks it keeps until exit and container annotations it lacks
   # are not findings about this code.
@@ -32,7 +33,7 @@ fi
 
 "$ROOT/scripts/lint.sh"
 start=$SECONDS
-configure_and_build -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON
+configure_and_build -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON -DATTENTION_DISTRIBUTED=ON
 echo "test.sh: build took $((SECONDS - start)) s"
 cmake --build "$BUILD_DIR" --target docs
 echo "test.sh: API docs built without warnings"
