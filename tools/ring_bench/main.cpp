@@ -92,9 +92,9 @@ int main(int argc, char** argv) {
     if (backward) out.backward(torch::ones_like(out));
     const double wall = seconds_since(start);
     const int64_t sent = group.bytes_sent() - sent_before;
-    const auto report = torch::tensor({static_cast<double>(peak_rss() - baseline),
-                                       static_cast<double>(sent), wall, step_compute},
-                                      torch::kDouble);
+    const auto report = torch::tensor(
+        {static_cast<double>(peak_rss() - baseline), static_cast<double>(sent), wall, step_compute},
+        torch::kDouble);
     const auto all = group.all_gather(report, "attention-ring-bench");
     if (group.rank() == 0) {
       for (int64_t r = 0; r < group.size(); ++r) {
