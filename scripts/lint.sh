@@ -8,7 +8,7 @@ cd "$ROOT"
 
 mapfile -t sources < <(git ls-files '*.cpp' '*.h')
 clang-format --dry-run --Werror "${sources[@]}"
-mapfile -t scripts < <(git ls-files 'scripts/*.sh' '.ci/run')
+mapfile -t scripts < <(git ls-files 'scripts/*.sh' 'examples/*.sh' '.ci/run')
 for script in "${scripts[@]}"; do bash -n "$script"; done
 shellcheck -x --source-path=SCRIPTDIR "${scripts[@]}"
 echo "lint.sh: ${#sources[@]} C++ files formatted, ${#scripts[@]} scripts clean"
