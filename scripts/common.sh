@@ -12,6 +12,16 @@ configure_and_build() {
   cmake --build "$BUILD_DIR" -j "$JOBS"
 }
 
+# The one build with AddressSanitizer and UndefinedBehaviorSanitizer: clang, with libFuzzer's
+# instrumentation, so that `test.sh --sanitize` (the whole suite) and fuzz.sh (the fuzz targets)
+# share its objects instead of compiling the library twice.
+SANITIZE_BUILD_DIR=$ROOT/build-sanitize
+configure_sanitized() {
+  CC=clang CXX=clang++ cmake -S "$ROOT" -B "$SANITIZE_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DATTENTION_FUZZ=ON -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON \
+    -DATTENTION_DISTRIBUTED=ON >/dev/null
+}
+
 # Installs BUILD_DIR into WORK/prefix (once) and builds examples/NAME against the installed
 # package into WORK/NAME, as a downstream project would.
 build_example() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (AddressSanitizer and UndefinedBehaviorSanitizer on)
 # and runs each for SECONDS (default 60) from the seed corpus in tests/fuzz/corpus/. A crash
-# stops the script with libFuzzer's report and leaves the input in build-fuzz/.
+# stops the script with libFuzzer's report and leaves the input in build-sanitize/.
 #
 #   scripts/fuzz.sh [SECONDS]
 set -euo pipefail
@@ -10,10 +10,9 @@ source "$(dirname "$0")/common.sh"
 
 seconds=${1:-60}
 "$ROOT/scripts/setup.sh"
-fuzz_dir=$ROOT/build-fuzz
-CC=clang CXX=clang++ cmake -S "$ROOT" -B "$fuzz_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DATTENTION_FUZZ=ON -DATTENTION_BUILD_TESTS=OFF -DATTENTION_BUILD_TOOLS=OFF \
-  -DATTENTION_DISTRIBUTED=OFF >/dev/null
+# The sanitized build of test.sh --sanitize: after that leg only the fuzz targets' mains compile.
+fuzz_dir=$SANITIZE_BUILD_DIR
+configure_sanitized
 cmake --build "$fuzz_dir" -j "$JOBS" --target fuzz-safetensors fuzz-load_weights fuzz-unpickler \
   fuzz-attention
 

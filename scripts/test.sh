@@ -5,7 +5,8 @@
 #
 #   scripts/test.sh              the above
 #   scripts/test.sh --sanitize   builds the whole suite with AddressSanitizer and
-#                                UndefinedBehaviorSanitizer in build-sanitize/ and runs it
+#                                UndefinedBehaviorSanitizer (clang) in build-sanitize/, which
+#                                scripts/fuzz.sh shares, and runs it
 #   scripts/test.sh --libtorch2  builds and runs the suite against LibTorch 2.6 in a Debian 13
 #                                root (scripts/test_libtorch2.sh)
 set -euo pipefail
@@ -18,16 +19,15 @@ if [[ ${1:-} == --libtorch2 ]]; then
   exec "$ROOT/scripts/test_libtorch2.sh"
 fi
 if [[ ${1:-} == --sanitize ]]; then
-  BUILD_DIR=$ROOT/build-sanitize
   start=$SECONDS
-  configure_and_build -DATTENTION_SANITIZE=ON -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON \
-    -DATTENTION_DISTRIBUTED=ON
+  configure_sanitized
+  cmake --build "$SANITIZE_BUILD_DIR" -j "$JOBS"
   echo "test.sh --sanitize: build took $((SECONDS - start)) s"
   # LibTorch is not instrumented: leaks it keeps until exit and container annotations it lacks
   # are not findings about this code.
   export ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0
   export UBSAN_OPTIONS=print_stacktrace=1
-  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS")
+  (cd "$SANITIZE_BUILD_DIR" && ctest --output-on-failure -j "$JOBS")
   exit 0
 fi
 

@@ -86,8 +86,12 @@ def ring_attention(group, q, k, v):
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = datetime.timedelta(seconds=60)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          rank == 0, timeout)
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
+               timeout)
+    try:  # 2.2+ may serve the store with libuv, which Debian 13's torch lacks; 1.13 cannot
+        store = dist.TCPStore(*address, use_libuv=os.environ.get("USE_LIBUV") == "1")
+    except TypeError:
+        store = dist.TCPStore(*address)
     group = dist.ProcessGroupGloo(store, rank, world, timeout)
     length = int(sys.argv[sys.argv.index("--length") + 1]) if "--length" in sys.argv else 1536
 

@@ -3,6 +3,7 @@
 
 #include "distributed/group_state.h"
 
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fmt/format.h>
@@ -40,6 +41,19 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const GroupOptions& optio
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// The TCPStore's server backend. From 2.2 LibTorch can serve the store with libuv, the default
+// from 2.4, and refuses to start when it was built without libuv (Debian 13's 2.6 is). The
+// classic backend speaks the same protocol and is in every version, so it is used unless
+// USE_LIBUV=1 asks for libuv (PyTorch's own variable; its default differs).
+void choose_store_backend(c10d::TCPStoreOptions& options) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  const char* use_libuv = std::getenv("USE_LIBUV");
+  options.useLibUV = use_libuv != nullptr && std::string(use_libuv) == "1";
+#else
+  (void)options;
+#endif
 }
 
 }  // namespace
@@ -110,6 +124,7 @@ Group Group::from_env(const GroupOptions& options) {
   store_options.isServer = rank == 0 && !agent_hosts;
   store_options.numWorkers = static_cast<std::size_t>(world_size);
   store_options.timeout = options.timeout();
+  choose_store_backend(store_options);
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
