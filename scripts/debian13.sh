@@ -27,9 +27,9 @@ debian13_run() {
 }
 
 # Makes the root if it is missing, takes its lock (a second run would stack its mounts on the
-# first's), mounts /proc (without it LibTorch's CPU detection falls back to "NO AVX") and the
-# checkout at /src, unmounted again on every way out, and installs any of the named extra
-# packages the root lacks.
+# first's), mounts /proc (without it LibTorch's CPU detection falls back to "NO AVX"), the
+# machine's /etc/hosts and the checkout at /src, unmounted again on every way out, and installs
+# any of the named extra packages the root lacks.
 # shellcheck disable=SC2120  # the packages are optional
 debian13_enter() {
   local dir=$DEBIAN13_ROOT
@@ -51,6 +51,8 @@ debian13_enter() {
   "${debian13_sudo[@]}" mkdir -p "$dir/src"
   "${debian13_sudo[@]}" mount -t proc proc "$dir/proc" && debian13_mounts+=("$dir/proc")
   "${debian13_sudo[@]}" mount --bind "$ROOT" "$dir/src" && debian13_mounts+=("$dir/src")
+  # The machine's own names (its hostname among them), which c10d's stores and Gloo resolve.
+  "${debian13_sudo[@]}" mount --bind /etc/hosts "$dir/etc/hosts" && debian13_mounts+=("$dir/etc/hosts")
   if (($#)); then
     # The names are expanded inside the root: they are passed as arguments, not code.
     # shellcheck disable=SC2016

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Starts PROGRAM on N local processes with torchrun's static rendezvous on a free port, as the
-# tests do: `torchrun --standalone` needs a libuv store in torchrun 2.4+, which LibTorch builds
-# without libuv (Debian 13's 2.6) cannot serve; the static rendezvous honours USE_LIBUV=0.
-# torchrun 1.13 under Python 3.11 also needs an explicit stream setting (--redirects/--tee 1).
+# Starts PROGRAM on N local processes with torchrun, as the tests do, in a way that works with
+# LibTorch 1.13 and with builds of 2.x that lack libuv (Debian 13's 2.6): torchrun 2.4+ makes
+# every TCPStore of its own with libuv, so its rendezvous meets in a file store here and it does
+# not share a TCP store with the workers; rank 0 then hosts the workers' store itself (c10d's
+# classic backend). torchrun 1.13 under Python 3.11 also needs an explicit stream setting.
 #
 #   examples/ring_attention/torchrun.sh N PROGRAM [ARGS...]
 set -euo pipefail
 n=$1
 shift
-python=${PYTHON:-/usr/bin/python3}
-port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-USE_LIBUV=0 exec torchrun --nnodes=1 --nproc_per_node="$n" --rdzv_backend=static \
-  --master_addr=127.0.0.1 --master_port="$port" --redirects 1 --tee 1 --no_python "$@"
+rendezvous=$(mktemp -u "${TMPDIR:-/tmp}/torchrun-rendezvous.XXXXXX")
+trap 'rm -f "$rendezvous"' EXIT
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=1 --nproc_per_node="$n" \
+  --rdzv_backend=c10d --rdzv_endpoint="$rendezvous" --rdzv_conf=store_type=file \
+  --redirects 1 --tee 1 --no_python "$@"
