@@ -21,6 +21,7 @@ if(ATTENTION_HAS_DISTRIBUTED)
   add_library(attention_distributed
     src/distributed/group.cpp
     src/distributed/ring_attention.cpp
+    src/distributed/sequence_split.cpp
     src/distributed/head_parallel.cpp
   )
   add_library(attention::distributed ALIAS attention_distributed)

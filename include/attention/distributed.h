@@ -7,3 +7,4 @@
 #include <attention/distributed/group.h>
 #include <attention/distributed/head_parallel.h>
 #include <attention/distributed/ring_attention.h>
+#include <attention/distributed/sequence_split.h>

@@ -334,14 +334,6 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& g
   return p;
 }
 
-int64_t checked_dim(const Tensor& t, int64_t dim, const char* caller) {
-  TORCH_CHECK_VALUE(t.defined() && t.dim() > 0, caller, ": expected a tensor of rank >= 1, got ",
-                    describe(t));
-  TORCH_CHECK_VALUE(dim >= -t.dim() && dim < t.dim(), caller, ": expected dim in [", -t.dim(), ", ",
-                    t.dim(), ") for a tensor of rank ", t.dim(), ", got ", dim);
-  return dim < 0 ? dim + t.dim() : dim;
-}
-
 }  // namespace
 
 Tensor ring_attention(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -353,38 +345,6 @@ Tensor ring_attention(const Tensor& query, const Tensor& key, const Tensor& valu
   const Tensor padding =
       mask.defined() ? mask.to(query.scalar_type()) : torch::empty({0}, query.options());
   return RingAttention::apply(query, key, value, padding, plan);
-}
-
-Tensor shard_sequence(const Tensor& full, int64_t dim, const Group& group, bool balanced) {
-  const char* caller = "attention::distributed::shard_sequence";
-  dim = checked_dim(full, dim, caller);
-  const int64_t w = group.size(), r = group.rank(), pieces = balanced ? 2 * w : w;
-  TORCH_CHECK_VALUE(full.size(dim) % pieces == 0, caller, ": expected a length along dim ", dim,
-                    " divisible by ", pieces, " (", balanced ? "2 x " : "", w, " ranks), got ",
-                    full.size(dim));
-  const int64_t chunk = full.size(dim) / pieces;
-  if (!balanced) return full.narrow(dim, r * chunk, chunk);
-  return torch::cat(
-      {full.narrow(dim, r * chunk, chunk), full.narrow(dim, (2 * w - 1 - r) * chunk, chunk)}, dim);
-}
-
-Tensor gather_sequence(const Tensor& local, int64_t dim, const Group& group, bool balanced) {
-  const char* caller = "attention::distributed::gather_sequence";
-  dim = checked_dim(local, dim, caller);
-  group.check_same(local.sizes().vec(), "shape", caller);
-  TORCH_CHECK_VALUE(!balanced || local.size(dim) % 2 == 0, caller,
-                    ": a balanced shard holds two chunks, so an even length along dim ", dim,
-                    "; got ", local.size(dim));
-  const auto shards = group.all_gather(local.detach().cpu(), caller);
-  const int64_t w = group.size();
-  if (!balanced) return torch::cat(shards, dim).to(local.device());
-  const int64_t chunk = local.size(dim) / 2;
-  std::vector<Tensor> pieces(2 * w);
-  for (int64_t r = 0; r < w; ++r) {
-    pieces[r] = shards[r].narrow(dim, 0, chunk);
-    pieces[2 * w - 1 - r] = shards[r].narrow(dim, chunk, chunk);
-  }
-  return torch::cat(pieces, dim).to(local.device());
 }
 
 }  // namespace distributed

@@ -5,6 +5,7 @@
 /// Group; key/value blocks travel around the ring while each rank works on the block at hand.
 
 #include <attention/distributed/group.h>
+#include <attention/distributed/sequence_split.h>
 
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -54,17 +55,6 @@ struct RingAttentionOptions {
 torch::Tensor ring_attention(const torch::Tensor& query, const torch::Tensor& key,
                              const torch::Tensor& value, const Group& group,
                              const RingAttentionOptions& options = {});
-
-/// This rank's shard of `full` along `dim`: with `balanced`, the sequence is cut into 2W chunks
-/// and rank r takes chunks r and 2W-1-r (causal attention needs this); without, rank r takes
-/// chunk r of W. The length must divide evenly (c10::ValueError otherwise).
-torch::Tensor shard_sequence(const torch::Tensor& full, int64_t dim, const Group& group,
-                             bool balanced);
-
-/// The inverse of shard_sequence(): every rank's shard gathered and put back in order, on every
-/// rank. Differentiable for none of its inputs (it is for checks and outputs).
-torch::Tensor gather_sequence(const torch::Tensor& local, int64_t dim, const Group& group,
-                              bool balanced);
 
 }  // namespace distributed
 }  // namespace attention
