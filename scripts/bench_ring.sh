@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Per-rank peak memory, bytes sent and time of causal ring attention for T = 4096 to 65536 on 1,
-# 2 and 4 local processes started by torchrun (B=1, H=2, d=64, float32, forward; T = 16384 also
+# 2 and 4 local processes started by torchrun (examples/ring_attention/torchrun.sh) (B=1, H=2, d=64, float32, forward; T = 16384 also
 # with backward). This machine has 2 cores: the times are a check of overhead, not of speed-up.
 # Writes docs/bench/ring.jsonl (one line per rank and run).
 #
@@ -13,8 +13,8 @@ configure_and_build -DATTENTION_BUILD_TOOLS=ON -DATTENTION_DISTRIBUTED=ON
 out=$ROOT/docs/bench/ring.jsonl
 : >"$out"
 run() {
-  torchrun --standalone --nproc_per_node="$1" --redirects 1 --tee 1 --no_python \
-    "$BUILD_DIR/attention-ring-bench" --length "$2" "${@:3}" 2>/dev/null |
+  "$ROOT/examples/ring_attention/torchrun.sh" "$1" "$BUILD_DIR/attention-ring-bench" \
+    --length "$2" "${@:3}" 2>/dev/null |
     sed -n 's/^\[default0\]://p' | grep '^{' | tee -a "$out"
 }
 for length in 4096 16384 65536; do

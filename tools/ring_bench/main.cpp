@@ -16,8 +16,6 @@
 #include <fmt/core.h>
 #include <torch/torch.h>
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -30,19 +28,20 @@ namespace dist = attention::distributed;
 namespace F = attention::functional;
 using Clock = std::chrono::steady_clock;
 
-// Peak resident memory of this process so far, in bytes.
-int64_t peak_rss() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+// Restarts the kernel's count of this process's peak resident memory (Linux 4.0+), so that a
+// peak reached before (loading libraries, connecting) does not hide the one being measured.
+void reset_peak_rss() {
+  std::ofstream("/proc/self/clear_refs") << "5";
 }
 
-// Resident memory now, in bytes.
-int64_t current_rss() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * 4096;
+// A field of /proc/self/status in bytes: "VmHWM" (peak resident memory), "VmRSS" (now).
+int64_t status_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return -1;
 }
 
 double seconds_since(Clock::time_point start) {
@@ -68,7 +67,8 @@ int main(int argc, char** argv) {
     torch::set_num_threads(1);
     const auto group = dist::Group::from_env();
     const int64_t batch = 1, heads = 2, d = 64, local = length / group.size();
-    const int64_t baseline = current_rss();
+    const int64_t baseline = status_bytes("VmRSS");
+    reset_peak_rss();
     torch::manual_seed(group.rank());
     auto q = torch::randn({batch, heads, local, d}).requires_grad_(backward);
     auto k = torch::randn({batch, heads, local, d}).requires_grad_(backward);
@@ -92,9 +92,9 @@ int main(int argc, char** argv) {
     if (backward) out.backward(torch::ones_like(out));
     const double wall = seconds_since(start);
     const int64_t sent = group.bytes_sent() - sent_before;
-    const auto report = torch::tensor(
-        {static_cast<double>(peak_rss() - baseline), static_cast<double>(sent), wall, step_compute},
-        torch::kDouble);
+    const auto report = torch::tensor({static_cast<double>(status_bytes("VmHWM") - baseline),
+                                       static_cast<double>(sent), wall, step_compute},
+                                      torch::kDouble);
     const auto all = group.all_gather(report, "attention-ring-bench");
     if (group.rank() == 0) {
       for (int64_t r = 0; r < group.size(); ++r) {
