@@ -119,25 +119,33 @@ kernels::Problem pair_problem(const Plan& p, const Tensor& q, const Tensor& k, c
   return problem;
 }
 
-// Calls visit(query chunk, key chunk, diagonal) for every pair of chunks in which some query sees
-// some key, for the block owned by `owner`.
-template <typename Visit>
-void for_each_pair(const Plan& p, int64_t owner, Visit visit) {
-  for (int64_t qc = 0; qc < p.chunks; ++qc) {
-    for (int64_t kc = 0; kc < p.chunks; ++kc) {
-      const int64_t qi = p.chunk_index(p.group->rank, qc), ki = p.chunk_index(owner, kc);
-      if (p.causal && ki > qi) continue;
-      visit(qc, kc, p.causal && ki == qi);
-    }
-  }
-}
-
 Tensor chunk_of(const Tensor& t, const Plan& p, int64_t c) {
   return t.narrow(2, c * p.chunk, p.chunk);
 }
 
-Tensor padding_chunk(const Plan& p, const KeyValueBlock& block, int64_t c) {
-  return p.masked ? block.padding.narrow(1, c * p.chunk, p.chunk) : Tensor();
+// One (query chunk, key chunk) pair of a step: the chunks and their problem.
+struct Pair {
+  int64_t qc = 0, kc = 0;
+  Tensor q, k, v;
+  kernels::Problem problem;
+};
+
+// Calls visit(pair) for every pair of this rank's query chunks and the key chunks of `block`
+// (owned by rank `owner`) in which some query sees some key.
+template <typename Visit>
+void for_each_pair(const Plan& p, const Tensor& q, const KeyValueBlock& block, int64_t owner,
+                   Visit visit) {
+  for (int64_t qc = 0; qc < p.chunks; ++qc) {
+    for (int64_t kc = 0; kc < p.chunks; ++kc) {
+      const int64_t qi = p.chunk_index(p.group->rank, qc), ki = p.chunk_index(owner, kc);
+      if (p.causal && ki > qi) continue;
+      Pair pair{
+          qc, kc, chunk_of(q, p, qc), chunk_of(block.key, p, kc), chunk_of(block.value, p, kc), {}};
+      const Tensor padding = p.masked ? block.padding.narrow(1, kc * p.chunk, p.chunk) : Tensor();
+      pair.problem = pair_problem(p, pair.q, pair.k, pair.v, padding, p.causal && ki == qi);
+      visit(pair);
+    }
+  }
 }
 
 // Adds one pair's output and log-sum-exp to the running ones of its queries. The kernel marks a
@@ -167,12 +175,9 @@ std::pair<Tensor, Tensor> ring_forward(const Plan& p, const Tensor& q, const Ten
       exchange.emplace(p, current.buffer, next.buffer, kForwardTag + static_cast<int>(step),
                        fmt::format("the key/value block of step {} of {}", step + 1, w - 1));
     }
-    for_each_pair(p, p.owner_at(step), [&](int64_t qc, int64_t kc, bool diagonal) {
-      const auto q_c = chunk_of(q, p, qc), k_c = chunk_of(current.key, p, kc),
-                 v_c = chunk_of(current.value, p, kc);
-      const auto problem = pair_problem(p, q_c, k_c, v_c, padding_chunk(p, current, kc), diagonal);
-      auto [o, l] = kernels::forward_with_lse(problem, q_c, k_c, v_c);
-      merge(chunk_of(out, p, qc), lse.narrow(2, qc * p.chunk, p.chunk), o,
+    for_each_pair(p, q, current, p.owner_at(step), [&](const Pair& pair) {
+      auto [o, l] = kernels::forward_with_lse(pair.problem, pair.q, pair.k, pair.v);
+      merge(chunk_of(out, p, pair.qc), lse.narrow(2, pair.qc * p.chunk, p.chunk), o,
             l.view({p.batch, p.heads, p.chunk}));
     });
     if (exchange) {
@@ -208,18 +213,16 @@ std::tuple<Tensor, Tensor, Tensor> ring_backward(const Plan& p, const Tensor& q,
           fmt::format("the key/value block of backward step {} of {}", step + 1, w - 1));
     }
     auto dk = dk_of(grads), dv = dv_of(grads);
-    for_each_pair(p, p.owner_at(step), [&](int64_t qc, int64_t kc, bool diagonal) {
-      const auto q_c = chunk_of(q, p, qc), k_c = chunk_of(current.key, p, kc),
-                 v_c = chunk_of(current.value, p, kc);
-      const auto problem = pair_problem(p, q_c, k_c, v_c, padding_chunk(p, current, kc), diagonal);
-      const auto lse_c = lse.narrow(2, qc * p.chunk, p.chunk)
-                             .reshape({problem.n, problem.g, p.chunk})
+    for_each_pair(p, q, current, p.owner_at(step), [&](const Pair& pair) {
+      const auto lse_c = lse.narrow(2, pair.qc * p.chunk, p.chunk)
+                             .reshape({pair.problem.n, pair.problem.g, p.chunk})
                              .contiguous();
-      auto [dq_c, dk_c, dv_c] = kernels::backward_with_lse(
-          problem, q_c, k_c, v_c, chunk_of(out, p, qc), lse_c, chunk_of(grad_go, p, qc));
-      chunk_of(dq, p, qc).add_(dq_c);
-      chunk_of(dk, p, kc).add_(dk_c);
-      chunk_of(dv, p, kc).add_(dv_c);
+      auto [dq_c, dk_c, dv_c] = kernels::backward_with_lse(pair.problem, pair.q, pair.k, pair.v,
+                                                           chunk_of(out, p, pair.qc), lse_c,
+                                                           chunk_of(grad_go, p, pair.qc));
+      chunk_of(dq, p, pair.qc).add_(dq_c);
+      chunk_of(dk, p, pair.kc).add_(dk_c);
+      chunk_of(dv, p, pair.kc).add_(dv_c);
     });
     // The gradients go on to the next rank, which holds this block at the next step; after the
     // last step they reach the block's owner.
