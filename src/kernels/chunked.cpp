@@ -2,7 +2,9 @@
 // maximum and a running sum per query), so that no Tq x Tk tensor is ever made. Blocks above the
 // causal diagonal are skipped, and the block buffers are allocated once per call and reused:
 // large fresh allocations are what makes whole-matrix attention slow on many allocators.
-// Backward recomputes the blocks from the saved log-sum-exp, so it stays linear in T as well.
+// Backward recomputes the blocks from the saved log-sum-exp, so it stays linear in T as well. On
+// the CPU, float and double take the fused kernels of chunked_cpu.cpp and
+// chunked_cpu_backward.cpp instead; the tiles here serve every other device and dtype.
 
 #include "kernels/chunked.h"
 #include "kernels/kernels.h"
@@ -230,16 +232,24 @@ std::pair<Tensor, Tensor> forward_with_lse(const Problem& p, const Tensor& q, co
   return {out.view(shape), lse};
 }
 
-std::tuple<Tensor, Tensor, Tensor> backward_with_lse(const Problem& p, const Tensor& q,
-                                                     const Tensor& k, const Tensor& v,
-                                                     const Tensor& out, const Tensor& lse,
-                                                     const Tensor& grad_out) {
+std::tuple<Tensor, Tensor, Tensor> tiles_backward_with_lse(const Problem& p, const Tensor& q,
+                                                           const Tensor& k, const Tensor& v,
+                                                           const Tensor& out, const Tensor& lse,
+                                                           const Tensor& grad_out) {
   const auto flat_out = [&](const Tensor& t) {
     return t.reshape({p.n, p.g, p.t_q, p.dv}).contiguous();
   };
   auto [dq, dk, dv] = backward_blocks(p, flat_queries(p, q), flat_keys(p, k), flat_keys(p, v),
                                       flat_out(out), lse, flat_out(grad_out));
   return {dq.mul_(p.scale).view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes())};
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward_with_lse(const Problem& p, const Tensor& q,
+                                                     const Tensor& k, const Tensor& v,
+                                                     const Tensor& out, const Tensor& lse,
+                                                     const Tensor& grad_out) {
+  if (cpu_forward_applies(q)) return cpu_backward(p, q, k, v, out, lse, grad_out);
+  return tiles_backward_with_lse(p, q, k, v, out, lse, grad_out);
 }
 
 namespace {

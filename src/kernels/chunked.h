@@ -1,9 +1,10 @@
 #pragma once
 
 // Shared by the two halves of the chunked backend: the device-generic tiles made of LibTorch
-// ops (chunked.cpp, forward and backward) and the fused CPU forward (chunked_cpu.cpp); and the
-// backend's two halves without autograd, for callers that merge the results of several key
-// blocks through their log-sum-exp (ring attention).
+// ops (chunked.cpp, forward and backward) and the fused CPU kernels (chunked_cpu.cpp, forward;
+// chunked_cpu_backward.cpp, backward); and the backend's two halves without autograd, for
+// callers that merge the results of several key blocks through their log-sum-exp (ring
+// attention).
 
 #include "kernels/problem.h"
 
@@ -17,7 +18,7 @@
 namespace attention {
 namespace kernels {
 
-/// Whether the fused CPU forward takes these queries: CPU, float or double.
+/// Whether the fused CPU forward and backward take these queries: CPU, float or double.
 bool cpu_forward_applies(const torch::Tensor& query);
 
 /// The fused CPU forward of `p`, whose mask (if any) is expanded to the scores' shape. Inputs
@@ -28,6 +29,14 @@ bool cpu_forward_applies(const torch::Tensor& query);
 std::pair<torch::Tensor, torch::Tensor> cpu_forward(const Problem& p, const torch::Tensor& query,
                                                     const torch::Tensor& key,
                                                     const torch::Tensor& value);
+
+/// The fused CPU backward of `p` (FlashAttention-2's): the gradients of query, key and value,
+/// shaped like them, from the output `out` and log-sum-exp `lse` (N, G, Tq) of the forward. For
+/// the queries cpu_forward_applies() takes.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> cpu_backward(
+    const Problem& p, const torch::Tensor& query, const torch::Tensor& key,
+    const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
+    const torch::Tensor& grad_out);
 
 /// The Chunked forward of `p` (its mask expanded to the scores' shape) without autograd: the fused
 /// CPU forward where it applies, else the tiles. Returns the output shaped like the queries with
@@ -40,8 +49,16 @@ std::pair<torch::Tensor, torch::Tensor> forward_with_lse(const Problem& p,
 /// The gradients of query, key and value (shaped like them) of the keys of `p`, given the final
 /// output `out` and log-sum-exp `lse` (N, G, Tq) of the queries. When the keys of `p` are one
 /// block of a longer sequence, `out` and `lse` are those of the whole sequence, and the results
-/// are that block's share of the gradients.
+/// are that block's share of the gradients. The fused CPU backward where it applies, else the
+/// tiles.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward_with_lse(
+    const Problem& p, const torch::Tensor& query, const torch::Tensor& key,
+    const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
+    const torch::Tensor& grad_out);
+
+/// backward_with_lse on the device-generic tiles, for any device and dtype: the backward of
+/// every input the fused CPU kernel does not take (and checked on the CPU against Math).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> tiles_backward_with_lse(
     const Problem& p, const torch::Tensor& query, const torch::Tensor& key,
     const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
     const torch::Tensor& grad_out);

@@ -8,6 +8,7 @@
 // copied, and the output is written in the queries' memory layout.
 
 #include "kernels/chunked.h"
+#include "kernels/cpu_tile.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -17,52 +18,13 @@
 #include <limits>
 #include <vector>
 
-// Several copies of the softmax step, one per instruction set, chosen when the library loads.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ATTENTION_MULTIVERSION \
-  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define ATTENTION_MULTIVERSION
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#define ATTENTION_ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define ATTENTION_ALWAYS_INLINE inline
-#endif
-
 namespace attention {
 namespace kernels {
 namespace {
 
+using cpu::exp_nonpositive;
+using cpu::Matrices;
 using torch::Tensor;
-
-// exp(x) for x <= 0 (NaN gives 0: callers check for NaN themselves), written with nothing but
-// arithmetic and min/max so that every compiler vectorizes the loops calling it: Cephes'
-// single-precision polynomial after a reduction by ln 2 (within 2 ulp of std::exp). Results
-// below 2^-126 (x below about -87.3) come out as 0.
-ATTENTION_ALWAYS_INLINE float exp_nonpositive(float x) {
-  const float xc = x > -100.0f ? x : -100.0f;  // also -inf and NaN
-  const float round = 12582912.0f;             // 1.5 * 2^23: adding it rounds to an integer
-  float n = (xc * 1.44269504089f + round) - round;
-  n = n > -127.0f ? n : -127.0f;  // 2^-127 is built as 0 below
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-  float poly = 1.9875691500e-4f;
-  poly = poly * r + 1.3981999507e-3f;
-  poly = poly * r + 8.3334519073e-3f;
-  poly = poly * r + 4.1665795894e-2f;
-  poly = poly * r + 1.6666665459e-1f;
-  poly = poly * r + 5.0000001201e-1f;
-  const float y = poly * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) * (int32_t{1} << 23);
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return y * two_n;
-}
-
-ATTENTION_ALWAYS_INLINE double exp_nonpositive(double x) {
-  return std::exp(x);
-}
 
 // The online-softmax step of one tile: rows x cols scaled scores in `s` (row stride ld), of
 // which row r sees its first valid + r columns when causal (all of them otherwise). Turns the
@@ -126,23 +88,6 @@ void dispatch_softmax_step(double* s, int64_t rows, int64_t cols, int64_t ld, bo
   softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv);
 }
 
-// The element offset of every matrix (the last two dims) of `t`, in flattened leading order.
-std::vector<int64_t> matrix_offsets(const Tensor& t) {
-  const int64_t lead = t.dim() - 2;
-  int64_t count = 1;
-  for (int64_t i = 0; i < lead; ++i) count *= t.size(i);
-  std::vector<int64_t> offsets(count);
-  for (int64_t m = 0; m < count; ++m) {
-    int64_t rest = m, offset = 0;
-    for (int64_t i = lead - 1; i >= 0; --i) {
-      offset += (rest % t.size(i)) * t.stride(i);
-      rest /= t.size(i);
-    }
-    offsets[m] = offset;
-  }
-  return offsets;
-}
-
 // An empty tensor of `sizes` whose dims lie in memory in the order of `like`'s strides.
 Tensor empty_in_layout_of(const Tensor& like, c10::IntArrayRef sizes) {
   std::vector<int64_t> order(like.dim());
@@ -157,55 +102,13 @@ Tensor empty_in_layout_of(const Tensor& like, c10::IntArrayRef sizes) {
   return torch::empty(permuted, like.options()).permute(inverse);
 }
 
-// The user's mask applied to a tile of scaled scores: bool true = -inf, or added.
-template <typename T>
-void apply_mask(const Tensor& mask, int64_t offset, int64_t i0, int64_t j0, T* s, int64_t rows,
-                int64_t cols, int64_t ld) {
-  const int64_t row_stride = mask.stride(-2), col_stride = mask.stride(-1);
-  if (mask.scalar_type() == at::kBool) {
-    const bool* m = mask.data_ptr<bool>() + offset + i0 * row_stride + j0 * col_stride;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < cols; ++j) {
-        if (m[r * row_stride + j * col_stride]) s[r * ld + j] = -std::numeric_limits<T>::infinity();
-      }
-    }
-    return;
-  }
-  const T* m = mask.data_ptr<T>() + offset + i0 * row_stride + j0 * col_stride;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < cols; ++j) s[r * ld + j] += m[r * row_stride + j * col_stride];
-  }
-}
-
-// Query blocks in the order cheap, dear, cheap, dear... so that the contiguous ranges of items
-// that at::parallel_for hands each thread carry equal causal work.
-int64_t interleaved(int64_t k, int64_t blocks) {
-  return k % 2 == 0 ? k / 2 : blocks - 1 - k / 2;
-}
-
-// Where a tile crosses the causal diagonal, it is done in strips of this many query rows, each
-// strip only as wide as its last row sees: most of the tile's upper triangle is never computed.
-constexpr int64_t kDiagonalStrip = 64;
-
-// One operand's matrices: the data, the element offset of each flattened leading index, and the
-// row stride (rows are contiguous).
-template <typename T>
-struct Matrices {
-  T* data;
-  std::vector<int64_t> at;
-  int64_t row_stride;
-  explicit Matrices(const Tensor& t)
-      : data(t.data_ptr<T>()), at(matrix_offsets(t)), row_stride(t.stride(-2)) {}
-  T* row(int64_t index, int64_t r) const { return data + at[index] + r * row_stride; }
-};
-
 template <typename T>
 class Forward {
  public:
   Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
           Tensor& lse)
       : p_(p), q_(q), k_(k), v_(v), out_(out), lse_(lse.data_ptr<T>()), options_(q.options()) {
-    if (p.mask.defined()) mask_at_ = matrix_offsets(p.mask);
+    if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
 
   void run() {
@@ -213,7 +116,7 @@ class Forward {
     at::parallel_for(0, p_.n * p_.g * blocks, 1, [&](int64_t begin, int64_t end) {
       Workspace w(p_, options_);
       for (int64_t item = begin; item < end; ++item) {
-        query_block(item / blocks, interleaved(item % blocks, blocks) * p_.block, w);
+        query_block(item / blocks, cpu::interleaved(item % blocks, blocks) * p_.block, w);
       }
     });
   }
@@ -247,7 +150,7 @@ class Forward {
       // Keys of the tile that the first row sees (visible_end before its clamp: rows above the
       // first visible one count down from it).
       const int64_t seen = i0 + 1 + p_.causal_offset - j0;
-      const int64_t strip = p_.causal && seen < cols ? kDiagonalStrip : rows;
+      const int64_t strip = p_.causal && seen < cols ? cpu::kDiagonalStrip : rows;
       for (int64_t r0 = 0; r0 < rows; r0 += strip) {
         const int64_t sr = std::min(strip, rows - r0);
         const int64_t width = p_.causal ? std::clamp<int64_t>(seen + r0 + sr - 1, 0, cols) : cols;
@@ -275,7 +178,7 @@ class Forward {
     at::addmm_out(s, s, matrix(q_.row(h, i), rows, p_.d, q_.row_stride),
                   matrix(k_.row(kv, j0), cols, p_.d, k_.row_stride).t(), /*beta=*/0,
                   /*alpha=*/p_.scale);
-    if (p_.mask.defined()) apply_mask<T>(p_.mask, mask_at_[h], i, j0, scores, rows, cols, ld);
+    if (p_.mask.defined()) cpu::apply_mask<T>(p_.mask, mask_at_[h], i, j0, scores, rows, cols, ld);
     dispatch_softmax_step(scores, rows, cols, ld, p_.causal, seen, w.max.data() + first,
                           w.sum.data() + first, acc, p_.dv);
     Tensor a = matrix(acc, rows, p_.dv, p_.dv);

@@ -1,0 +1,235 @@
+// The chunked backward on the CPU, fused (FlashAttention-2's backward). Each work item owns one
+// key/value head and a set of its key blocks: for each key block it walks every query block of
+// every query head of the group that can see it, rebuilds the tile's probabilities from the saved
+// log-sum-exp, and accumulates the key and value gradients of the block in place, so no two
+// threads ever write the same key row and no atomics are needed. Query gradients accumulate in
+// the item's own rows: one item per key/value head when there are enough heads for the threads,
+// otherwise the key blocks of a head are split between items, each with its own copy of the
+// query gradients, summed at the end (one extra copy per split, at most one per thread).
+// Tiles above the causal diagonal are skipped; each tile is five BLAS products and two
+// vectorized element-wise passes over a block of scores that stays in the cache.
+
+#include "kernels/chunked.h"
+#include "kernels/cpu_tile.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+namespace attention {
+namespace kernels {
+namespace {
+
+using torch::Tensor;
+
+// The probabilities of a tile of rows x cols scaled scores `s` (row stride cols), of which row r
+// sees its first valid + r columns when causal (all of them otherwise), from the rows' log-sum-exp
+// `lse`. A hidden key (masked to -inf, or beyond the causal limit, which is marked -inf in `s`
+// here) gets probability 0 even in a row whose log-sum-exp is NaN; visible keys of such a row get
+// NaN, as the whole-matrix softmax gives.
+template <typename T>
+ATTENTION_ALWAYS_INLINE void probabilities(T* s, T* prob, int64_t rows, int64_t cols, bool causal,
+                                           int64_t valid, const T* lse) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    T* score = s + r * cols;
+    T* pr = prob + r * cols;
+    const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
+    const T row_lse = lse[r];
+#pragma omp simd
+    for (int64_t j = 0; j < seen; ++j) {
+      const T x = score[j] - row_lse;
+      const T e = cpu::exp_nonpositive(x);
+      pr[j] = score[j] == -kInf ? T(0) : (x != x ? x : e);
+    }
+    std::fill(score + seen, score + cols, -kInf);
+    std::fill(pr + seen, pr + cols, T(0));
+  }
+}
+
+// The gradient of the tile's scaled scores, written over the gradient of its probabilities `dp`:
+// prob * (dp - delta) row by row, 0 at hidden keys (where delta may be NaN).
+template <typename T>
+ATTENTION_ALWAYS_INLINE void score_gradients(const T* s, const T* prob, T* dp, int64_t rows,
+                                             int64_t cols, const T* delta) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* score = s + r * cols;
+    const T* pr = prob + r * cols;
+    T* g = dp + r * cols;
+    const T row_delta = delta[r];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      g[j] = score[j] == -kInf ? T(0) : pr[j] * (g[j] - row_delta);
+    }
+  }
+}
+
+ATTENTION_MULTIVERSION void probabilities_f32(float* s, float* prob, int64_t rows, int64_t cols,
+                                              bool causal, int64_t valid, const float* lse) {
+  probabilities(s, prob, rows, cols, causal, valid, lse);
+}
+
+ATTENTION_MULTIVERSION void score_gradients_f32(const float* s, const float* prob, float* dp,
+                                                int64_t rows, int64_t cols, const float* delta) {
+  score_gradients(s, prob, dp, rows, cols, delta);
+}
+
+void dispatch_probabilities(float* s, float* prob, int64_t rows, int64_t cols, bool causal,
+                            int64_t valid, const float* lse) {
+  probabilities_f32(s, prob, rows, cols, causal, valid, lse);
+}
+
+void dispatch_probabilities(double* s, double* prob, int64_t rows, int64_t cols, bool causal,
+                            int64_t valid, const double* lse) {
+  probabilities(s, prob, rows, cols, causal, valid, lse);
+}
+
+void dispatch_score_gradients(const float* s, const float* prob, float* dp, int64_t rows,
+                              int64_t cols, const float* delta) {
+  score_gradients_f32(s, prob, dp, rows, cols, delta);
+}
+
+void dispatch_score_gradients(const double* s, const double* prob, double* dp, int64_t rows,
+                              int64_t cols, const double* delta) {
+  score_gradients(s, prob, dp, rows, cols, delta);
+}
+
+// How many items share the key blocks of one key/value head: one when the heads alone keep
+// every thread busy, else enough to give each thread about two items.
+int64_t splits_per_head(const Problem& p, int64_t key_blocks) {
+  const int64_t threads = at::get_num_threads();
+  if (p.n >= 2 * threads) return 1;
+  return std::clamp<int64_t>(std::min(threads, (2 * threads + p.n - 1) / p.n), 1, key_blocks);
+}
+
+template <typename T>
+class Backward {
+ public:
+  // lse and delta: (N * G, Tq), contiguous; dq_parts: (splits, N * G, Tq, d) zeros; dk and dv:
+  // (N, Tk, d) and (N, Tk, dv), contiguous, every row written here.
+  Backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+           const Tensor& grad_out, const Tensor& lse, const Tensor& delta, Tensor& dq_parts,
+           Tensor& dk, Tensor& dv)
+      : p_(p),
+        q_(q),
+        k_(k),
+        v_(v),
+        go_(grad_out),
+        lse_(lse.data_ptr<T>()),
+        delta_(delta.data_ptr<T>()),
+        dq_(dq_parts.data_ptr<T>()),
+        dk_(dk.data_ptr<T>()),
+        dv_(dv.data_ptr<T>()),
+        splits_(dq_parts.size(0)) {
+    if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
+  }
+
+  void run() {
+    const int64_t key_blocks = (p_.t_k + p_.block - 1) / p_.block;
+    at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
+      Workspace w(p_.block);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t kv = item / splits_, split = item % splits_;
+        T* dq = dq_ + split * p_.n * p_.g * p_.t_q * p_.d;
+        for (int64_t b = split; b < key_blocks; b += splits_) key_block(kv, b * p_.block, dq, w);
+      }
+    });
+  }
+
+ private:
+  // One thread's tiles: scores, probabilities, and the gradient of the probabilities (then of
+  // the scores).
+  struct Workspace {
+    std::vector<T> s, prob, dp;
+    explicit Workspace(int64_t block) : s(block * block), prob(block * block), dp(block * block) {}
+  };
+
+  // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
+  void key_block(int64_t kv, int64_t j0, T* dq, Workspace& w) const {
+    const int64_t cols = std::min(p_.block, p_.t_k - j0);
+    T* dk = dk_ + (kv * p_.t_k + j0) * p_.d;
+    T* dv = dv_ + (kv * p_.t_k + j0) * p_.dv;
+    std::fill(dk, dk + cols * p_.d, T(0));
+    std::fill(dv, dv + cols * p_.dv, T(0));
+    // The first query that sees key j0 (causal: query i sees keys j <= i + offset).
+    const int64_t first = p_.causal ? std::max<int64_t>(0, j0 - p_.causal_offset) : 0;
+    for (int64_t h = kv * p_.g; h < (kv + 1) * p_.g; ++h) {
+      for (int64_t i0 = first; i0 < p_.t_q; i0 += p_.block) {
+        const int64_t rows = std::min(p_.block, p_.t_q - i0);
+        // Keys of the block that the first query sees; where the diagonal crosses the tile, it
+        // is done in strips of rows, each only as wide as its last row sees.
+        const int64_t seen = i0 + 1 + p_.causal_offset - j0;
+        const int64_t strip = p_.causal && seen < cols ? cpu::kDiagonalStrip : rows;
+        for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+          const int64_t sr = std::min(strip, rows - r0);
+          const int64_t width = p_.causal ? std::clamp<int64_t>(seen + r0 + sr - 1, 0, cols) : cols;
+          if (width > 0) tile(h, kv, i0 + r0, sr, j0, width, dq, dk, dv, w);
+        }
+      }
+    }
+  }
+
+  // Queries [i0, i0 + rows) of query head h against keys [j0, j0 + cols) of head kv.
+  void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* dq, T* dk,
+            T* dv, Workspace& w) const {
+    const T scale = static_cast<T>(p_.scale);
+    const T* q = q_.row(h, i0);
+    const T* k = k_.row(kv, j0);
+    const T* v = v_.row(kv, j0);
+    const T* go = go_.row(h, i0);
+    T *s = w.s.data(), *prob = w.prob.data(), *dp = w.dp.data();
+    cpu::gemm<T>(false, true, rows, cols, p_.d, scale, q, q_.row_stride, k, k_.row_stride, 0, s,
+                 cols);
+    if (p_.mask.defined()) cpu::apply_mask<T>(p_.mask, mask_at_[h], i0, j0, s, rows, cols, cols);
+    dispatch_probabilities(s, prob, rows, cols, p_.causal, i0 + 1 + p_.causal_offset - j0,
+                           lse_ + h * p_.t_q + i0);
+    cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv, p_.dv);
+    cpu::gemm<T>(false, true, rows, cols, p_.dv, 1, go, go_.row_stride, v, v_.row_stride, 0, dp,
+                 cols);
+    dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * p_.t_q + i0);
+    cpu::gemm<T>(false, false, rows, p_.d, cols, scale, dp, cols, k, k_.row_stride, 1,
+                 dq + (h * p_.t_q + i0) * p_.d, p_.d);
+    cpu::gemm<T>(true, false, cols, p_.d, rows, scale, dp, cols, q, q_.row_stride, 1, dk, p_.d);
+  }
+
+  const Problem& p_;
+  cpu::Matrices<T> q_, k_, v_, go_;
+  const T* lse_;
+  const T* delta_;
+  T* dq_;
+  T* dk_;
+  T* dv_;
+  int64_t splits_;
+  std::vector<int64_t> mask_at_;
+};
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& query,
+                                                const Tensor& key, const Tensor& value,
+                                                const Tensor& out, const Tensor& lse,
+                                                const Tensor& grad_out) {
+  const auto rows_contiguous = [](const Tensor& t) {
+    return t.stride(-1) == 1 ? t : t.contiguous();
+  };
+  const Tensor q = rows_contiguous(query), k = rows_contiguous(key), v = rows_contiguous(value);
+  const Tensor go = rows_contiguous(grad_out);
+  const Tensor delta = (go * out).sum(-1).reshape({p.n * p.g, p.t_q}).contiguous();
+  const Tensor lse_rows = lse.reshape({p.n * p.g, p.t_q}).contiguous();
+  const int64_t splits = splits_per_head(p, (p.t_k + p.block - 1) / p.block);
+  Tensor dq_parts = torch::zeros({splits, p.n * p.g, p.t_q, p.d}, q.options());
+  Tensor dk = torch::empty({p.n, p.t_k, p.d}, q.options());
+  Tensor dv = torch::empty({p.n, p.t_k, p.dv}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_backward", [&] {
+    Backward<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv).run();
+  });
+  Tensor dq = splits == 1 ? dq_parts[0] : dq_parts.sum(0);
+  return {dq.view(query.sizes()), dk.view(key.sizes()), dv.view(value.sizes())};
+}
+
+}  // namespace kernels
+}  // namespace attention

@@ -1,0 +1,129 @@
+#pragma once
+
+// What the fused CPU forward (chunked_cpu.cpp) and backward (chunked_cpu_backward.cpp) share:
+// reading strided heads in place, BLAS on raw row-major pointers, the user's mask on a tile, and
+// an exp the compiler vectorizes.
+
+#include "kernels/problem.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+// Several copies of a loop, one per instruction set, chosen when the library loads.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ATTENTION_MULTIVERSION \
+  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define ATTENTION_MULTIVERSION
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ATTENTION_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ATTENTION_ALWAYS_INLINE inline
+#endif
+
+namespace attention {
+namespace kernels {
+namespace cpu {
+
+// exp(x) for x <= 0 (NaN gives 0: callers check for NaN themselves), written with nothing but
+// arithmetic and min/max so that every compiler vectorizes the loops calling it: Cephes'
+// single-precision polynomial after a reduction by ln 2 (within 2 ulp of std::exp). Results
+// below 2^-126 (x below about -87.3) come out as 0; small positive x (rounding above a maximum)
+// are fine.
+ATTENTION_ALWAYS_INLINE float exp_nonpositive(float x) {
+  const float xc = x > -100.0f ? x : -100.0f;  // also -inf and NaN
+  const float round = 12582912.0f;             // 1.5 * 2^23: adding it rounds to an integer
+  float n = (xc * 1.44269504089f + round) - round;
+  n = n > -127.0f ? n : -127.0f;  // 2^-127 is built as 0 below
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float poly = 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  const float y = poly * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (int32_t{1} << 23);
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return y * two_n;
+}
+
+ATTENTION_ALWAYS_INLINE double exp_nonpositive(double x) {
+  return std::exp(x);
+}
+
+/// Row-major C (m x n, row stride ldc) = alpha * op(A) * op(B) + beta * C, where op(A) is m x k
+/// (A itself is k x m when trans_a) and op(B) is k x n; rows of A and B have strides lda and ldb.
+/// With beta = 0, C is not read. LibTorch's raw BLAS entry is not exported by every generation,
+/// so the product goes through addmm on views of the pointers: the same BLAS call, plus one
+/// dispatch per tile.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const auto options = torch::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+  const auto view = [&](const T* data, int64_t rows, int64_t cols, int64_t ld, bool trans) {
+    T* start = const_cast<T*>(data);
+    return trans ? torch::from_blob(start, {cols, rows}, {ld, 1}, options).t()
+                 : torch::from_blob(start, {rows, cols}, {ld, 1}, options);
+  };
+  auto out = torch::from_blob(c, {m, n}, {ldc, 1}, options);
+  at::addmm_out(out, out, view(a, m, k, lda, trans_a), view(b, k, n, ldb, trans_b), beta, alpha);
+}
+
+/// The element offset of every matrix (the last two dims) of `t`, in flattened leading order.
+std::vector<int64_t> matrix_offsets(const torch::Tensor& t);
+
+/// One operand's matrices: the data, the element offset of each flattened leading index, and
+/// the row stride (rows are contiguous).
+template <typename T>
+struct Matrices {
+  T* data;
+  std::vector<int64_t> at;
+  int64_t row_stride;
+  explicit Matrices(const torch::Tensor& t)
+      : data(t.data_ptr<T>()), at(matrix_offsets(t)), row_stride(t.stride(-2)) {}
+  T* row(int64_t index, int64_t r) const { return data + at[index] + r * row_stride; }
+};
+
+/// The user's mask (its matrix at element `offset`) applied to a tile of scaled scores of
+/// queries [i0, i0 + rows) and keys [j0, j0 + cols), row stride ld: bool true = -inf, or added.
+template <typename T>
+void apply_mask(const torch::Tensor& mask, int64_t offset, int64_t i0, int64_t j0, T* s,
+                int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t row_stride = mask.stride(-2), col_stride = mask.stride(-1);
+  if (mask.scalar_type() == at::kBool) {
+    const bool* m = mask.data_ptr<bool>() + offset + i0 * row_stride + j0 * col_stride;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) {
+        if (m[r * row_stride + j * col_stride]) s[r * ld + j] = -std::numeric_limits<T>::infinity();
+      }
+    }
+    return;
+  }
+  const T* m = mask.data_ptr<T>() + offset + i0 * row_stride + j0 * col_stride;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) s[r * ld + j] += m[r * row_stride + j * col_stride];
+  }
+}
+
+/// Where a tile crosses the causal diagonal, it is done in strips of this many query rows, each
+/// strip only as wide as its last row sees: most of the tile's upper triangle is never computed.
+constexpr int64_t kDiagonalStrip = 64;
+
+/// Query blocks in the order cheap, dear, cheap, dear... so that the contiguous ranges of items
+/// that at::parallel_for hands each thread carry equal causal work.
+inline int64_t interleaved(int64_t k, int64_t blocks) {
+  return k % 2 == 0 ? k / 2 : blocks - 1 - k / 2;
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention

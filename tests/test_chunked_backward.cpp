@@ -1,0 +1,173 @@
+// The Chunked backward, both of its kernels (the fused CPU kernel and the device-generic tiles,
+// which other devices and dtypes take), against the gradients autograd gives through the Math
+// backend.
+
+#include <attention/functional.h>
+
+#include "helpers.h"
+#include "kernels/chunked.h"
+#include "kernels/problem.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <random>
+#include <tuple>
+
+namespace F = attention::functional;
+namespace K = attention::kernels;
+using F::Backend;
+using Options = F::ScaledDotProductAttentionOptions;
+
+namespace {
+
+struct Grads {
+  torch::Tensor q, k, v;
+};
+
+// The gradients of q, k and v for `upstream` through the Math backend (autograd).
+Grads math_grads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                 Options options, const torch::Tensor& upstream) {
+  auto q1 = q.detach().clone().requires_grad_(), k1 = k.detach().clone().requires_grad_(),
+       v1 = v.detach().clone().requires_grad_();
+  F::scaled_dot_product_attention(q1, k1, v1, options.backend(Backend::Math))
+      .output.backward(upstream);
+  return {q1.grad(), k1.grad(), v1.grad()};
+}
+
+// The gradients from one of the Chunked backward kernels, run on the Chunked forward's output
+// and log-sum-exp.
+Grads chunked_grads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    const Options& options, const torch::Tensor& upstream, bool fused) {
+  auto p = K::make_problem(q, k, v, options, "test");
+  p.mask = p.expanded_mask();
+  auto [out, lse] = K::forward_with_lse(p, q, k, v);
+  auto [dq, dk, dv] = fused ? K::cpu_backward(p, q, k, v, out, lse, upstream)
+                            : K::tiles_backward_with_lse(p, q, k, v, out, lse, upstream);
+  return {dq, dk, dv};
+}
+
+double worst(const Grads& a, const Grads& b) {
+  return std::max(
+      {test::max_abs_diff(a.q, b.q), test::max_abs_diff(a.k, b.k), test::max_abs_diff(a.v, b.v)});
+}
+
+// Runs `body` with LibTorch's intra-op pool at `threads` threads, then restores it.
+template <typename Body>
+void with_threads(int threads, Body body) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(threads);
+  try {
+    body();
+  } catch (...) {
+    at::set_num_threads(before);
+    throw;
+  }
+  at::set_num_threads(before);
+}
+
+}  // namespace
+
+TEST_CASE("chunked backward: both kernels equal math's gradients in double", "[chunked]") {
+  std::mt19937 rng(41);
+  torch::manual_seed(41);
+  auto pick = [&](std::vector<int64_t> values) { return values[rng() % values.size()]; };
+  const auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  // One thread and two: with two, a problem of one key/value head splits its key blocks between
+  // two items, whose query gradients are summed.
+  for (int threads : {1, 2}) {
+    with_threads(threads, [&] {
+      for (int trial = 0; trial < 24; ++trial) {
+        const int64_t b = pick({1, 2}), kv = pick({1, 2, 3}), group = pick({1, 2, 4});
+        const int64_t t_q = pick({1, 9, 40, 100}), t_k = pick({1, 13, 40, 90});
+        const int64_t d = pick({4, 16}), dv = pick({3, 8}), block = pick({7, 16, 64});
+        const bool causal = trial % 2 == 0;
+        auto q = torch::randn({b, t_q, kv * group, d}, opts).transpose(1, 2);  // strided heads
+        auto k = torch::randn({b, kv, t_k, d}, opts) * 2;
+        auto v = torch::randn({b, kv, t_k, dv}, opts);
+        torch::Tensor mask;
+        if (trial % 3 == 1) mask = torch::rand({b, 1, 1, t_k}) < 0.3;
+        if (trial % 3 == 2) mask = torch::randn({b, kv * group, t_q, t_k}, opts);
+        INFO("threads " << threads << ", trial " << trial << ": q " << q.sizes() << ", k "
+                        << k.sizes() << ", causal " << causal << ", block " << block);
+        const auto options = Options().attn_mask(mask).is_causal(causal).block_size(block);
+        const auto upstream = torch::randn({b, kv * group, t_q, dv}, opts);
+        const auto truth = math_grads(q, k, v, options, upstream);
+        CHECK(worst(chunked_grads(q, k, v, options, upstream, true), truth) < 1e-10);
+        CHECK(worst(chunked_grads(q, k, v, options, upstream, false), truth) < 1e-10);
+      }
+    });
+  }
+}
+
+TEST_CASE("chunked backward: float32 at T >= 1024 is as accurate as math's", "[chunked]") {
+  // Grouped heads (one key/value head of four queries, so two threads split its key blocks),
+  // causal with more keys than queries, and a key-padding mask; errors against the float64
+  // truth, since two float32 results differ by how the BLAS rounds.
+  torch::manual_seed(43);
+  const int64_t t_q = 1100, t_k = 1300;
+  auto q = torch::randn({1, 4, t_q, 32}), k = torch::randn({1, 1, t_k, 32}),
+       v = torch::randn({1, 1, t_k, 16});
+  auto mask = torch::rand({1, 1, 1, t_k}) < 0.1;
+  const auto upstream = torch::randn({1, 4, t_q, 16});
+  const auto options = Options().attn_mask(mask).is_causal(true);
+  const auto as_double = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+  const auto truth =
+      math_grads(as_double(q), as_double(k), as_double(v), options, as_double(upstream));
+  with_threads(2, [&] {
+    const double math_error = worst(math_grads(q, k, v, options, upstream), truth);
+    for (bool fused : {true, false}) {
+      INFO((fused ? "fused" : "tiles") << ", math's error " << math_error);
+      CHECK(worst(chunked_grads(q, k, v, options, upstream, fused), truth) <=
+            2 * math_error + 1e-6);
+    }
+  });
+}
+
+TEST_CASE("chunked backward: NaN and fully masked rows follow the contract", "[chunked]") {
+  // docs/CONTRACT.md: gradients equal Math's wherever Math's are finite; where Math's are NaN a
+  // blockwise backend may stay finite (Math's NaN softmax row reaches even the keys the query
+  // cannot see). A NaN query's own gradient is NaN; a query that sees no key adds nothing.
+  torch::manual_seed(47);
+  const auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  auto q = torch::randn({1, 2, 12, 4}, opts), k = torch::randn({1, 2, 12, 4}, opts),
+       v = torch::randn({1, 2, 12, 3}, opts);
+  q[0][1][5][2] = NAN;
+  auto mask = torch::zeros({1, 1, 12, 12}, torch::kBool);
+  mask[0][0][3].fill_(true);
+  const auto upstream = torch::randn({1, 2, 12, 3}, opts);
+  const auto options = Options().attn_mask(mask).is_causal(true).block_size(4);
+  const auto truth = math_grads(q, k, v, options, upstream);
+  const auto equal_where_finite = [](const torch::Tensor& got, const torch::Tensor& want) {
+    const auto finite = want.isfinite();
+    return torch::equal(got.isfinite().logical_and(finite), finite) &&
+           test::max_abs_diff(got.masked_select(finite), want.masked_select(finite)) < 1e-10;
+  };
+  for (bool fused : {true, false}) {
+    INFO((fused ? "fused" : "tiles"));
+    const auto got = chunked_grads(q, k, v, options, upstream, fused);
+    CHECK(equal_where_finite(got.q, truth.q));
+    CHECK(equal_where_finite(got.k, truth.k));
+    CHECK(equal_where_finite(got.v, truth.v));
+    CHECK(got.q[0][1][5].isnan().all().item<bool>());
+    CHECK(got.q[0][0][3].abs().sum().item<double>() == 0.0);
+  }
+}
+
+TEST_CASE("chunked backward: autograd through the module path takes the fused kernel",
+          "[chunked]") {
+  // The same gradients through scaled_dot_product_attention (autograd's Chunked function) as
+  // from the fused kernel called directly: the function hands its backward to it.
+  torch::manual_seed(53);
+  auto q = torch::randn({2, 3, 70, 8}, torch::requires_grad());
+  auto k = torch::randn({2, 3, 70, 8}, torch::requires_grad());
+  auto v = torch::randn({2, 3, 70, 8}, torch::requires_grad());
+  const auto options = Options().is_causal(true).block_size(32);
+  const auto upstream = torch::randn({2, 3, 70, 8});
+  F::scaled_dot_product_attention(q, k, v, Options(options).backend(Backend::Chunked))
+      .output.backward(upstream);
+  const auto direct = chunked_grads(q.detach(), k.detach(), v.detach(), options, upstream, true);
+  CHECK(torch::equal(q.grad(), direct.q));
+  CHECK(torch::equal(k.grad(), direct.k));
+  CHECK(torch::equal(v.grad(), direct.v));
+}
