@@ -19,13 +19,24 @@ mkdir -p "$out"
 
 lengths=(512 1024 2048 4096 8192 16384 32768)
 math_lengths=(512 1024 2048 4096 8192)
+train_lengths=(8192)
 if ((${#quick[@]})); then
   lengths=(256 512)
   math_lengths=(256 512)
+  train_lengths=(512)
+fi
+# PyTorch 2.x has a fused CPU kernel behind F.scaled_dot_product_attention and goes as far as
+# Chunked; 1.13's is whole matrices, as far as Math.
+python_lengths=("${math_lengths[@]}")
+python_train_lengths=()
+if "${python_bench[0]}" -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)'
+then
+  python_lengths=("${lengths[@]}")
+  python_train_lengths=("${train_lengths[@]}")
 fi
 
 echo "bench_measure.sh: C++ ..." >&2
-"${bench[@]}" matmul article raschka raschka-train decode >"$out/cpp.jsonl"
+"${bench[@]}" matmul article raschka raschka-train core-train decode >"$out/cpp.jsonl"
 # One process per long-context run: each reports its own peak memory.
 for t in "${lengths[@]}"; do
   echo "bench_measure.sh: long context T=$t" >&2
@@ -33,11 +44,22 @@ for t in "${lengths[@]}"; do
 done
 for t in "${math_lengths[@]}"; do
   "${bench[@]}" "long:math:$t" >>"$out/cpp.jsonl"
+done
+for t in "${python_lengths[@]}"; do
   "${python_bench[@]}" "long:$t" >>"$out/python.jsonl.tmp"
+done
+for t in "${train_lengths[@]}"; do
+  echo "bench_measure.sh: long-context training T=$t" >&2
+  for impl in chunked math; do
+    "${bench[@]}" "long-train:$impl:$t" >>"$out/cpp.jsonl"
+  done
+done
+for t in "${python_train_lengths[@]}"; do
+  "${python_bench[@]}" "long-train:$t" >>"$out/python.jsonl.tmp"
 done
 
 echo "bench_measure.sh: Python ..." >&2
-"${python_bench[@]}" matmul article raschka raschka-train >"$out/python.jsonl"
+"${python_bench[@]}" matmul article raschka raschka-train core-train >"$out/python.jsonl"
 cat "$out/python.jsonl.tmp" >>"$out/python.jsonl"
 rm -f "$out/python.jsonl.tmp"
 if [[ -n $tcmalloc ]]; then

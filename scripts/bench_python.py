@@ -4,7 +4,7 @@ reference modules, torch.nn.MultiheadAttention and PyTorch's scaled dot-product 
 Prints one JSON record per measurement.
 
     bench_python.py [--threads N] [--repeats N] [--quick] GROUP...
-    groups: matmul article raschka raschka-train long:T
+    groups: matmul article raschka raschka-train core-train long:T long-train:T
 """
 
 import argparse
@@ -121,6 +121,30 @@ def bench_long(args, t):
     record("long", "python.core.sdpa", "forward", t, ms, 2.0 * 8 * t * t * 64 / 1e9, peak)
 
 
+def bench_core_train(args):
+    """The attention core's forward and backward, as attention-bench's core-train."""
+    b, t, d, h = (2, 128, 64, 4) if args.quick else (8, 1024, 768, 12)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, t, d // h, requires_grad=True) for _ in range(3))
+    upstream = torch.randn(b, h, t, d // h)
+
+    def step():
+        torch.autograd.grad(sdpa(q, k, v, True), (q, k, v), upstream)
+    progress("core-train sdpa")
+    record("core-train", "python.core.sdpa", "forward+backward", t,
+           median_ms(step, max(1, args.repeats // 2)), 7.0 * b * h * t * t * (d // h) / 1e9)
+
+
+def bench_long_train(args, t):
+    q, k, v = (torch.randn(1, 8, t, 64, requires_grad=True) for _ in range(3))
+    upstream = torch.randn(1, 8, t, 64)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ms = median_ms(lambda: torch.autograd.grad(sdpa(q, k, v, True), (q, k, v), upstream), 1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    record("long-train", "python.core.sdpa", "forward+backward", t, ms,
+           7.0 * 8 * t * t * 64 / 1e9, peak)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -140,6 +164,10 @@ def main():
             bench_article(args)
         elif group in ("raschka", "raschka-train"):
             bench_raschka(args, group == "raschka-train")
+        elif group == "core-train":
+            bench_core_train(args)
+        elif group.startswith("long-train:"):
+            bench_long_train(args, int(group.split(":")[1]))
         elif group.startswith("long:"):
             bench_long(args, int(group.split(":")[1]))
         else:

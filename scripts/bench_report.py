@@ -86,7 +86,49 @@ def targets(records, second):
         target(f"5b. LibTorch {v}: fused (Auto) / Python {v} nn.MultiheadAttention with tcmalloc",
                ratio(find(second, "raschka", "cpp.fused.auto"),
                      find(second, "raschka", "python.nn_mha", allocator="tcmalloc")), 0.8)
+    training_targets(records, second, target)
     return rows
+
+
+def training_targets(records, second, target):
+    """The targets of the fused backward and the long-context forward: each generation against
+    the same run's arithmetic floor or against Python 2.x."""
+    sets = [records] + ([second] if second else [])
+    python2 = second if second else None
+    p = version(python2) if python2 else "2.x"
+    for rs in sets:
+        v = version(rs)
+        mm = find(rs, "matmul", "mm_2048")
+        target(f"6a. LibTorch {v}: Raschka forward, fused (Auto) time / arithmetic floor "
+               "(its GFLOP at the same run's matmul rate)",
+               ratio(mm, find(rs, "raschka", "cpp.fused.auto"), "gflops"), 1.3)
+    for rs in sets:
+        v = version(rs)
+        target(f"6b. LibTorch {v}: Raschka training step, fused (Chunked) / Python {p} "
+               "nn.MultiheadAttention with tcmalloc",
+               ratio(find(rs, "raschka-train", "cpp.fused.chunked"),
+                     python2 and find(python2, "raschka-train", "python.nn_mha",
+                                      allocator="tcmalloc")), 0.7)
+    for rs in sets:
+        v = version(rs)
+        target(f"6c. LibTorch {v}: attention core forward+backward, Chunked / Python {p} "
+               "F.scaled_dot_product_attention",
+               ratio(find(rs, "core-train", "cpp.core.chunked"),
+                     python2 and find(python2, "core-train", "python.core.sdpa")), 0.8)
+    for t in (8192, 32768):
+        for rs in sets:
+            v = version(rs)
+            target(f"6d. LibTorch {v}: long-context forward T={t}, Chunked / Python {p} "
+                   "F.scaled_dot_product_attention",
+                   ratio(find(rs, "long", "cpp.core.chunked", t),
+                         python2 and find(python2, "long", "python.core.sdpa", t)), 0.8)
+    for rs in sets:
+        v = version(rs)
+        target(f"6e. LibTorch {v}: training at T=8192, Math peak / Chunked peak (memory above "
+               "the inputs)",
+               ratio(find(rs, "long-train", "cpp.core.math", 8192),
+                     find(rs, "long-train", "cpp.core.chunked", 8192), "peak_mb"), 8,
+               at_most=False)
 
 
 def key(r):

@@ -186,7 +186,7 @@ def case_list():
         mha(16, 32, 4, num_kv_heads=2, context_length=1100), [[2, 1100, 16]],
         forward=dict(key_padding_mask=True), mode="inference", path="chunked_fused")
     add("mha_inference_T1024_bfloat16", "MultiHeadAttention", mha(16, 32, 4, context_length=1024),
-        [[1, 1024, 16]], "bfloat16", mode="inference", path="chunked_tiles")
+        [[1, 1024, 16]], "bfloat16", mode="inference", path="chunked_fused")
     add("mha_train_chunked_T300_float64", "MultiHeadAttention",
         mha(8, 16, 4, num_kv_heads=2, context_length=300), [[1, 300, 8]], "float64",
         forward=dict(backend="chunked"), path="chunked_fused")

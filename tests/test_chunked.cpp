@@ -154,23 +154,6 @@ TEST_CASE("chunked: gradients equal the math backend's", "[chunked]") {
   }
 }
 
-TEST_CASE("chunked: bfloat16 takes the device-generic tiles and follows float32", "[chunked]") {
-  // The fused CPU forward takes float and double; other dtypes (and other devices) run the
-  // tiles made of LibTorch ops. bfloat16 keeps 8 significant bits, so outputs of order 1 differ
-  // from float32 by a few times 2^-8.
-  torch::manual_seed(11);
-  auto q = torch::randn({2, 4, 200, 16}), k = torch::randn({2, 2, 230, 16}),
-       v = torch::randn({2, 2, 230, 8});
-  auto mask = torch::rand({2, 1, 1, 230}) < 0.2;
-  auto options = Options().is_causal(true).attn_mask(mask).block_size(64);
-  auto reference = F::scaled_dot_product_attention(q, k, v, options.backend(Backend::Math));
-  const auto low = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
-  auto chunked =
-      F::scaled_dot_product_attention(low(q), low(k), low(v), options.backend(Backend::Chunked));
-  REQUIRE(chunked.output.scalar_type() == torch::kBFloat16);
-  CHECK(test::max_abs_diff(chunked.output.to(torch::kFloat), reference.output) < 0.03);
-}
-
 TEST_CASE("chunked: fully masked queries give zeros and finite gradients", "[chunked]") {
   auto q = torch::randn({2, 2, 9, 4}, torch::requires_grad());
   auto k = torch::randn({2, 2, 9, 4}, torch::requires_grad());

@@ -460,7 +460,7 @@ TEST_CASE("contract: each backend reports the path it took", "[contract]") {
   };
   CHECK(path(Options().backend(Backend::Math)) == F::Path::Math);
   CHECK(path(Options().backend(Backend::Chunked)) == F::Path::ChunkedFused);
-  CHECK(path(Options().backend(Backend::Chunked), torch::kBFloat16) == F::Path::ChunkedTiles);
+  CHECK(path(Options().backend(Backend::Chunked), torch::kBFloat16) == F::Path::ChunkedFused);
   CHECK(path(Options().backend(Backend::Native)) == F::Path::Native);
   CHECK(path(Options()) == F::Path::ChunkedFused);  // no gradient, large scores
   CHECK(path(Options().need_weights(true)) == F::Path::Math);

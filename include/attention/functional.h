@@ -35,9 +35,10 @@ enum class Path {
   Direct,
   /// Whole score matrices (Backend::Math, and every empty problem on any backend).
   Math,
-  /// The Chunked backend's fused CPU forward (float and double on the CPU).
+  /// The Chunked backend's fused CPU kernels, forward and backward (float, double and bfloat16
+  /// on the CPU; bfloat16 computed in float).
   ChunkedFused,
-  /// The Chunked backend's tiles of LibTorch ops (other dtypes and devices).
+  /// The Chunked backend's tiles of LibTorch ops (other devices).
   ChunkedTiles,
   /// LibTorch's own kernel.
   Native,

@@ -3,7 +3,7 @@
 // causal diagonal are skipped, and the block buffers are allocated once per call and reused:
 // large fresh allocations are what makes whole-matrix attention slow on many allocators.
 // Backward recomputes the blocks from the saved log-sum-exp, so it stays linear in T as well. On
-// the CPU, float and double take the fused kernels of chunked_cpu.cpp and
+// the CPU, float, double and bfloat16 take the fused kernels of chunked_cpu.cpp and
 // chunked_cpu_backward.cpp instead; the tiles here serve every other device and dtype.
 
 #include "kernels/chunked.h"
@@ -223,13 +223,18 @@ Tensor flat_keys(const Problem& p, const Tensor& t) {
 
 }  // namespace
 
-std::pair<Tensor, Tensor> forward_with_lse(const Problem& p, const Tensor& q, const Tensor& k,
-                                           const Tensor& v) {
-  if (cpu_forward_applies(q)) return cpu_forward(p, q, k, v);
+std::pair<Tensor, Tensor> tiles_forward_with_lse(const Problem& p, const Tensor& q, const Tensor& k,
+                                                 const Tensor& v) {
   auto [out, lse] = forward_blocks(p, flat_queries(p, q), flat_keys(p, k), flat_keys(p, v));
   auto shape = q.sizes().vec();
   shape.back() = p.dv;
   return {out.view(shape), lse};
+}
+
+std::pair<Tensor, Tensor> forward_with_lse(const Problem& p, const Tensor& q, const Tensor& k,
+                                           const Tensor& v) {
+  if (cpu_forward_applies(q)) return cpu_forward(p, q, k, v);
+  return tiles_forward_with_lse(p, q, k, v);
 }
 
 std::tuple<Tensor, Tensor, Tensor> tiles_backward_with_lse(const Problem& p, const Tensor& q,

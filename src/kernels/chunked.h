@@ -18,7 +18,8 @@
 namespace attention {
 namespace kernels {
 
-/// Whether the fused CPU forward and backward take these queries: CPU, float or double.
+/// Whether the fused CPU forward and backward take these queries: CPU, float, double or bfloat16
+/// (computed in float; its log-sum-exp is float).
 bool cpu_forward_applies(const torch::Tensor& query);
 
 /// The fused CPU forward of `p`, whose mask (if any) is expanded to the scores' shape. Inputs
@@ -45,6 +46,13 @@ std::pair<torch::Tensor, torch::Tensor> forward_with_lse(const Problem& p,
                                                          const torch::Tensor& query,
                                                          const torch::Tensor& key,
                                                          const torch::Tensor& value);
+
+/// forward_with_lse on the device-generic tiles, for any device and dtype: the forward of every
+/// input the fused CPU kernel does not take (and checked on the CPU against Math).
+std::pair<torch::Tensor, torch::Tensor> tiles_forward_with_lse(const Problem& p,
+                                                               const torch::Tensor& query,
+                                                               const torch::Tensor& key,
+                                                               const torch::Tensor& value);
 
 /// The gradients of query, key and value (shaped like them) of the keys of `p`, given the final
 /// output `out` and log-sum-exp `lse` (N, G, Tq) of the queries. When the keys of `p` are one

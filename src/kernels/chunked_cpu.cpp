@@ -195,12 +195,18 @@ class Forward {
 }  // namespace
 
 bool cpu_forward_applies(const Tensor& query) {
+  const auto dtype = query.scalar_type();
   return query.device().is_cpu() &&
-         (query.scalar_type() == at::kFloat || query.scalar_type() == at::kDouble);
+         (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
 }
 
 std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, const Tensor& key,
                                       const Tensor& value) {
+  if (cpu::widened_to_float(query)) {
+    const auto wide = [](const Tensor& t) { return t.to(at::kFloat); };
+    auto [out, lse] = cpu_forward(cpu::with_float_mask(p), wide(query), wide(key), wide(value));
+    return {out.to(query.scalar_type()), lse};  // the log-sum-exp stays float for the backward
+  }
   // BLAS reads rows through their stride but wants each row contiguous.
   const auto rows_contiguous = [](const Tensor& t) {
     return t.stride(-1) == 1 ? t : t.contiguous();

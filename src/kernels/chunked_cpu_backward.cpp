@@ -213,6 +213,13 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
                                                 const Tensor& key, const Tensor& value,
                                                 const Tensor& out, const Tensor& lse,
                                                 const Tensor& grad_out) {
+  if (cpu::widened_to_float(query)) {
+    const auto wide = [](const Tensor& t) { return t.to(at::kFloat); };
+    auto [dq, dk, dv] = cpu_backward(cpu::with_float_mask(p), wide(query), wide(key), wide(value),
+                                     wide(out), wide(lse), wide(grad_out));
+    const auto dtype = query.scalar_type();
+    return {dq.to(dtype), dk.to(dtype), dv.to(dtype)};
+  }
   const auto rows_contiguous = [](const Tensor& t) {
     return t.stride(-1) == 1 ? t : t.contiguous();
   };

@@ -4,6 +4,12 @@ namespace attention {
 namespace kernels {
 namespace cpu {
 
+Problem with_float_mask(const Problem& p) {
+  Problem widened = p;
+  if (p.mask.defined() && p.mask.is_floating_point()) widened.mask = p.mask.to(at::kFloat);
+  return widened;
+}
+
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t) {
   const int64_t lead = t.dim() - 2;
   int64_t count = 1;

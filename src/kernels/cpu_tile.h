@@ -78,6 +78,15 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   at::addmm_out(out, out, view(a, m, k, lda, trans_a), view(b, k, n, ldb, trans_b), beta, alpha);
 }
 
+/// bfloat16 runs the float kernels: its inputs are widened once, the products and the softmax
+/// accumulate in float, and the results are rounded once.
+inline bool widened_to_float(const torch::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16;
+}
+
+/// `p` with an additive mask widened to float, for widened inputs.
+Problem with_float_mask(const Problem& p);
+
 /// The element offset of every matrix (the last two dims) of `t`, in flattened leading order.
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t);
 

@@ -2,9 +2,10 @@
 // configurations of scripts/bench.sh, and prints one JSON record per measurement.
 //
 //   attention-bench [--threads N] [--repeats N] [--quick] GROUP...
-//   groups: matmul article raschka raschka-train decode
-//           long:IMPL:T  (IMPL chunked|math, one long-context measurement with its peak memory;
-//                         run it in a process of its own: the peak is the process's)
+//   groups: matmul article raschka raschka-train core-train decode
+//           long:IMPL:T        (IMPL chunked|math, one long-context measurement with its peak
+//                               memory; run it in a process of its own: the peak is the process's)
+//           long-train:IMPL:T  (the same for the forward and backward)
 
 #include <attention/attention.h>
 
@@ -185,6 +186,63 @@ void bench_raschka(bool train) {
   }
 }
 
+// The attention core's forward and backward (B=8, H=12, T=1024, head size 64, causal), each
+// backend; gradients by autograd::grad, so nothing accumulates between repeats.
+void bench_core_train() {
+  Raschka c;
+  if (settings.quick) c = {2, 128, 64, 4};
+  torch::manual_seed(0);
+  const auto make = [&] {
+    return torch::randn({c.b, c.h, c.t, c.d / c.h}, torch::requires_grad());
+  };
+  auto q = make(), k = make(), v = make();
+  const auto upstream = torch::randn({c.b, c.h, c.t, c.d / c.h});
+  // Forward 2 products, backward 5 (one recomputes the scores), half of each causal.
+  const double gflop = 7.0 * c.b * c.h * c.t * c.t * (c.d / c.h) / 1e9;
+  for (auto [backend, name] : {std::pair{Backend::Chunked, "chunked"},
+                               {Backend::Math, "math"},
+                               {Backend::Native, "native"}}) {
+    const auto backend_copy = backend;
+    const auto step = [&] {
+      auto out =
+          F::scaled_dot_product_attention(
+              q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend_copy))
+              .output;
+      torch::autograd::grad({out}, {q, k, v}, {upstream});
+    };
+    try {
+      step();
+    } catch (const c10::Error& e) {  // LibTorch 1.13's private kernel has no backward
+      progress(std::string("core-train ") + name + " skipped: " + e.what_without_backtrace());
+      continue;
+    }
+    progress(std::string("core-train ") + name);
+    record("core-train", std::string("cpp.core.") + name, "forward+backward", c.t,
+           median_ms(step, std::max(1, settings.repeats / 2)), gflop);
+  }
+}
+
+// Training at long context (B=1, H=8, head size 64, causal): forward and backward of the core,
+// with the peak memory above the inputs. Run it in a process of its own.
+void bench_long_train(const std::string& impl, int64_t t) {
+  const auto make = [&] { return torch::randn({1, 8, t, 64}, torch::requires_grad()); };
+  auto q = make(), k = make(), v = make();
+  const auto upstream = torch::randn({1, 8, t, 64});
+  const double base = peak_rss_mb();
+  const auto backend = impl == "math" ? Backend::Math : Backend::Chunked;
+  const double ms = median_ms(
+      [&] {
+        auto out =
+            F::scaled_dot_product_attention(
+                q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend))
+                .output;
+        torch::autograd::grad({out}, {q, k, v}, {upstream});
+      },
+      1);
+  record("long-train", "cpp.core." + impl, "forward+backward", t, ms, 7.0 * 8 * t * t * 64 / 1e9,
+         peak_rss_mb() - base);
+}
+
 void bench_long(const std::string& impl, int64_t t) {
   // B=1, H=8, head size 64, causal: the attention core alone.
   torch::NoGradGuard no_grad;
@@ -242,7 +300,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--help" || arg == "-h") {
       fmt::print(
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
-          "groups: matmul article raschka raschka-train decode long:chunked|math:T\n");
+          "groups: matmul article raschka raschka-train core-train decode\n"
+          "        long:chunked|math:T long-train:chunked|math:T\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -260,6 +319,11 @@ int main(int argc, char** argv) {
       bench_raschka(false);
     } else if (g == "raschka-train") {
       bench_raschka(true);
+    } else if (g == "core-train") {
+      bench_core_train();
+    } else if (g.rfind("long-train:", 0) == 0) {
+      const auto colon = g.find(':', 11);
+      bench_long_train(g.substr(11, colon - 11), std::stoll(g.substr(colon + 1)));
     } else if (g == "decode") {
       bench_decode();
     } else if (g.rfind("long:", 0) == 0) {
