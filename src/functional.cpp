@@ -41,24 +41,19 @@ void check_supported(const kernels::Problem& p, Backend backend, const torch::Te
 }
 
 // Auto: Math for weights, dropout, a mask that needs a gradient, or small scores; Chunked for
-// large scores, except on LibTorch 2.x when gradients are needed and there is no mask: Native
-// there (its fused backward beats recomputation; forward only, the chunked kernel is level with
-// it, long context too, and Native falls back to whole matrices when given a mask).
-Backend choose(const kernels::Problem& p, const torch::Tensor& q, const torch::Tensor& k) {
+// large scores. With its fused CPU backward, Chunked is ahead of LibTorch 2.x's own kernel in
+// training as well (README, Performance), so Auto never picks Native.
+Backend choose(const kernels::Problem& p) {
   if (p.need_weights || p.dropout_p > 0.0 || p.mask_needs_grad) return Backend::Math;
   const double scores = static_cast<double>(p.n * p.g * p.t_q) * static_cast<double>(p.t_k);
   if (scores < static_cast<double>(kAutoChunkedScores)) return Backend::Math;
-  if (kernels::native_is_fused() && p.needs_grad && !p.mask.defined() && !has_nonfinite(q) &&
-      !has_nonfinite(k)) {
-    return Backend::Native;
-  }
   return Backend::Chunked;
 }
 
 // Runs a validated problem on the backend it asks for (or Auto's choice).
 AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const torch::Tensor& key,
                     const torch::Tensor& value) {
-  const Backend backend = p.backend == Backend::Auto ? choose(p, query, key) : p.backend;
+  const Backend backend = p.backend == Backend::Auto ? choose(p) : p.backend;
   check_supported(p, backend, query, key);
   // Nothing to attend, or nothing to multiply: every backend gives what whole matrices give.
   if (p.degenerate() || backend == Backend::Math) {

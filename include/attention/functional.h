@@ -14,8 +14,7 @@ namespace functional {
 /// Which implementation computes the attention.
 enum class Backend {
   /// Math when attention weights or dropout are requested or the scores are small; for larger
-  /// scores (see kAutoChunkedScores) Chunked, except on LibTorch 2.x when gradients are needed
-  /// and there is no mask: Native there (its fused backward beats recomputation).
+  /// scores (see kAutoChunkedScores) Chunked, in inference and in training, on every LibTorch.
   Auto,
   /// softmax(Q Kᵀ · scale + mask) V on whole score matrices, exactly as the article writes it.
   Math,

@@ -21,11 +21,6 @@ functional::AttentionOutput math(const Problem& p, const torch::Tensor& query,
 functional::AttentionOutput chunked(const Problem& p, const torch::Tensor& query,
                                     const torch::Tensor& key, const torch::Tensor& value);
 
-/// Whether Auto should prefer native() over chunked() for large unmasked scores: true where
-/// LibTorch has a fused, memory-efficient CPU kernel (2.x), false where it has only the
-/// composite math (1.13).
-bool native_is_fused();
-
 /// LibTorch's own scaled dot-product attention (the public one from 2.0, the private one in
 /// 1.13), adapted to this library's conventions. No attention weights; queries and keys must be
 /// finite (the caller checks).

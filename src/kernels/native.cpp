@@ -12,10 +12,6 @@
 namespace attention {
 namespace kernels {
 
-bool native_is_fused() {
-  return TORCH_VERSION_MAJOR >= 2;
-}
-
 functional::AttentionOutput native(const Problem& p, const torch::Tensor& query,
                                    const torch::Tensor& key, const torch::Tensor& value) {
   torch::Tensor k = key, v = value;
