@@ -64,7 +64,7 @@ AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const
     last = Path::Native;
     return kernels::native(p, query, key, value);
   }
-  last = kernels::cpu_forward_applies(query) ? Path::ChunkedFused : Path::ChunkedTiles;
+  last = kernels::fused_cpu_applies(query) ? Path::ChunkedFused : Path::ChunkedTiles;
   return kernels::chunked(p, query, key, value);
 }
 

@@ -233,7 +233,7 @@ std::pair<Tensor, Tensor> tiles_forward_with_lse(const Problem& p, const Tensor&
 
 std::pair<Tensor, Tensor> forward_with_lse(const Problem& p, const Tensor& q, const Tensor& k,
                                            const Tensor& v) {
-  if (cpu_forward_applies(q)) return cpu_forward(p, q, k, v);
+  if (fused_cpu_applies(q)) return cpu_forward(p, q, k, v);
   return tiles_forward_with_lse(p, q, k, v);
 }
 
@@ -253,7 +253,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_with_lse(const Problem& p, const Ten
                                                      const Tensor& k, const Tensor& v,
                                                      const Tensor& out, const Tensor& lse,
                                                      const Tensor& grad_out) {
-  if (cpu_forward_applies(q)) return cpu_backward(p, q, k, v, out, lse, grad_out);
+  if (fused_cpu_applies(q)) return cpu_backward(p, q, k, v, out, lse, grad_out);
   return tiles_backward_with_lse(p, q, k, v, out, lse, grad_out);
 }
 

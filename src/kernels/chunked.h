@@ -20,7 +20,7 @@ namespace kernels {
 
 /// Whether the fused CPU forward and backward take these queries: CPU, float, double or bfloat16
 /// (computed in float; its log-sum-exp is float).
-bool cpu_forward_applies(const torch::Tensor& query);
+bool fused_cpu_applies(const torch::Tensor& query);
 
 /// The fused CPU forward of `p`, whose mask (if any) is expanded to the scores' shape. Inputs
 /// keep their shapes (..., H, T, d) (rank 3 at least) and may be strided views.
@@ -33,7 +33,7 @@ std::pair<torch::Tensor, torch::Tensor> cpu_forward(const Problem& p, const torc
 
 /// The fused CPU backward of `p` (FlashAttention-2's): the gradients of query, key and value,
 /// shaped like them, from the output `out` and log-sum-exp `lse` (N, G, Tq) of the forward. For
-/// the queries cpu_forward_applies() takes.
+/// the queries fused_cpu_applies() takes.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> cpu_backward(
     const Problem& p, const torch::Tensor& query, const torch::Tensor& key,
     const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,

@@ -194,7 +194,7 @@ class Forward {
 
 }  // namespace
 
-bool cpu_forward_applies(const Tensor& query) {
+bool fused_cpu_applies(const Tensor& query) {
   const auto dtype = query.scalar_type();
   return query.device().is_cpu() &&
          (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
@@ -203,15 +203,12 @@ bool cpu_forward_applies(const Tensor& query) {
 std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, const Tensor& key,
                                       const Tensor& value) {
   if (cpu::widened_to_float(query)) {
-    const auto wide = [](const Tensor& t) { return t.to(at::kFloat); };
-    auto [out, lse] = cpu_forward(cpu::with_float_mask(p), wide(query), wide(key), wide(value));
+    auto [out, lse] = cpu_forward(cpu::with_float_mask(p), cpu::widened(query), cpu::widened(key),
+                                  cpu::widened(value));
     return {out.to(query.scalar_type()), lse};  // the log-sum-exp stays float for the backward
   }
-  // BLAS reads rows through their stride but wants each row contiguous.
-  const auto rows_contiguous = [](const Tensor& t) {
-    return t.stride(-1) == 1 ? t : t.contiguous();
-  };
-  const Tensor q = rows_contiguous(query), k = rows_contiguous(key), v = rows_contiguous(value);
+  const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
+               v = cpu::rows_contiguous(value);
   auto sizes = q.sizes().vec();
   sizes.back() = p.dv;
   Tensor out = empty_in_layout_of(q, sizes);

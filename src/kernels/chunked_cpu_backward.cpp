@@ -214,17 +214,15 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
                                                 const Tensor& out, const Tensor& lse,
                                                 const Tensor& grad_out) {
   if (cpu::widened_to_float(query)) {
-    const auto wide = [](const Tensor& t) { return t.to(at::kFloat); };
-    auto [dq, dk, dv] = cpu_backward(cpu::with_float_mask(p), wide(query), wide(key), wide(value),
-                                     wide(out), wide(lse), wide(grad_out));
+    auto [dq, dk, dv] = cpu_backward(cpu::with_float_mask(p), cpu::widened(query),
+                                     cpu::widened(key), cpu::widened(value), cpu::widened(out),
+                                     cpu::widened(lse), cpu::widened(grad_out));
     const auto dtype = query.scalar_type();
     return {dq.to(dtype), dk.to(dtype), dv.to(dtype)};
   }
-  const auto rows_contiguous = [](const Tensor& t) {
-    return t.stride(-1) == 1 ? t : t.contiguous();
-  };
-  const Tensor q = rows_contiguous(query), k = rows_contiguous(key), v = rows_contiguous(value);
-  const Tensor go = rows_contiguous(grad_out);
+  const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
+               v = cpu::rows_contiguous(value);
+  const Tensor go = cpu::rows_contiguous(grad_out);
   const Tensor delta = (go * out).sum(-1).reshape({p.n * p.g, p.t_q}).contiguous();
   const Tensor lse_rows = lse.reshape({p.n * p.g, p.t_q}).contiguous();
   const int64_t splits = splits_per_head(p, (p.t_k + p.block - 1) / p.block);

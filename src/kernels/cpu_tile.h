@@ -87,6 +87,17 @@ inline bool widened_to_float(const torch::Tensor& t) {
 /// `p` with an additive mask widened to float, for widened inputs.
 Problem with_float_mask(const Problem& p);
 
+/// The float copy of an input that widened_to_float().
+inline torch::Tensor widened(const torch::Tensor& t) {
+  return t.to(at::kFloat);
+}
+
+/// `t` when each of its rows is contiguous, else a contiguous copy: BLAS reads rows through
+/// their stride but wants the elements of a row next to each other.
+inline torch::Tensor rows_contiguous(const torch::Tensor& t) {
+  return t.stride(-1) == 1 ? t : t.contiguous();
+}
+
 /// The element offset of every matrix (the last two dims) of `t`, in flattened leading order.
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t);
 
