@@ -186,8 +186,18 @@ void bench_raschka(bool train) {
   }
 }
 
+// One causal forward and backward of the attention core on `backend`; gradients by
+// autograd::grad, so nothing accumulates between repeats.
+void causal_train_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& upstream, Backend backend) {
+  auto out = F::scaled_dot_product_attention(
+                 q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend))
+                 .output;
+  torch::autograd::grad({out}, {q, k, v}, {upstream});
+}
+
 // The attention core's forward and backward (B=8, H=12, T=1024, head size 64, causal), each
-// backend; gradients by autograd::grad, so nothing accumulates between repeats.
+// backend.
 void bench_core_train() {
   Raschka c;
   if (settings.quick) c = {2, 128, 64, 4};
@@ -203,13 +213,7 @@ void bench_core_train() {
                                {Backend::Math, "math"},
                                {Backend::Native, "native"}}) {
     const auto backend_copy = backend;
-    const auto step = [&] {
-      auto out =
-          F::scaled_dot_product_attention(
-              q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend_copy))
-              .output;
-      torch::autograd::grad({out}, {q, k, v}, {upstream});
-    };
+    const auto step = [&] { causal_train_step(q, k, v, upstream, backend_copy); };
     try {
       step();
     } catch (const c10::Error& e) {  // LibTorch 1.13's private kernel has no backward
@@ -230,15 +234,7 @@ void bench_long_train(const std::string& impl, int64_t t) {
   const auto upstream = torch::randn({1, 8, t, 64});
   const double base = peak_rss_mb();
   const auto backend = impl == "math" ? Backend::Math : Backend::Chunked;
-  const double ms = median_ms(
-      [&] {
-        auto out =
-            F::scaled_dot_product_attention(
-                q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend))
-                .output;
-        torch::autograd::grad({out}, {q, k, v}, {upstream});
-      },
-      1);
+  const double ms = median_ms([&] { causal_train_step(q, k, v, upstream, backend); }, 1);
   record("long-train", "cpp.core." + impl, "forward+backward", t, ms, 7.0 * 8 * t * t * 64 / 1e9,
          peak_rss_mb() - base);
 }
