@@ -2,7 +2,7 @@
 // keeps one tile of scores in its cache while the scores, the online-softmax step and the
 // weighted sum of values run over it; no LibTorch op works on more than one tile, so there is
 // one pass over memory per product instead of one per element-wise op. The two products go to
-// BLAS through LibTorch. The softmax step is a loop the compiler vectorizes, with a polynomial
+// BLAS (cpu_blas.h). The softmax step is a loop the compiler vectorizes, with a polynomial
 // exp, built for several instruction sets and picked at run time on x86-64. Queries, keys and
 // values are read in place through their strides, so heads split by a view/transpose are not
 // copied, and the output is written in the queries' memory layout.
@@ -133,10 +133,6 @@ class Forward {
           sum(p.block) {}
   };
 
-  Tensor matrix(const T* data, int64_t rows, int64_t cols, int64_t stride) const {
-    return torch::from_blob(const_cast<T*>(data), {rows, cols}, {stride, 1}, options_);
-  }
-
   // Query head h, queries [i0, i0 + rows): every key block, then the output rows.
   void query_block(int64_t h, int64_t i0, Workspace& w) const {
     const int64_t rows = std::min(p_.block, p_.t_q - i0), kv = h / p_.g;
@@ -174,15 +170,13 @@ class Forward {
             int64_t seen, Workspace& w, int64_t first) const {
     T* scores = w.scores.template data_ptr<T>() + first * ld;
     T* acc = w.acc.template data_ptr<T>() + first * p_.dv;
-    Tensor s = matrix(scores, rows, cols, ld);
-    at::addmm_out(s, s, matrix(q_.row(h, i), rows, p_.d, q_.row_stride),
-                  matrix(k_.row(kv, j0), cols, p_.d, k_.row_stride).t(), /*beta=*/0,
-                  /*alpha=*/p_.scale);
+    cpu::gemm<T>(false, true, rows, cols, p_.d, static_cast<T>(p_.scale), q_.row(h, i),
+                 q_.row_stride, k_.row(kv, j0), k_.row_stride, 0, scores, ld);
     if (p_.mask.defined()) cpu::apply_mask<T>(p_.mask, mask_at_[h], i, j0, scores, rows, cols, ld);
     dispatch_softmax_step(scores, rows, cols, ld, p_.causal, seen, w.max.data() + first,
                           w.sum.data() + first, acc, p_.dv);
-    Tensor a = matrix(acc, rows, p_.dv, p_.dv);
-    a.addmm_(s, matrix(v_.row(kv, j0), cols, p_.dv, v_.row_stride));
+    cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
+                 acc, p_.dv);
   }
 
   const Problem& p_;

@@ -4,6 +4,7 @@
 // reading strided heads in place, BLAS on raw row-major pointers, the user's mask on a tile, and
 // an exp the compiler vectorizes.
 
+#include "kernels/cpu_blas.h"
 #include "kernels/problem.h"
 
 #include <torch/torch.h>
@@ -58,24 +59,6 @@ ATTENTION_ALWAYS_INLINE float exp_nonpositive(float x) {
 
 ATTENTION_ALWAYS_INLINE double exp_nonpositive(double x) {
   return std::exp(x);
-}
-
-/// Row-major C (m x n, row stride ldc) = alpha * op(A) * op(B) + beta * C, where op(A) is m x k
-/// (A itself is k x m when trans_a) and op(B) is k x n; rows of A and B have strides lda and ldb.
-/// With beta = 0, C is not read. LibTorch's raw BLAS entry is not exported by every generation,
-/// so the product goes through addmm on views of the pointers: the same BLAS call, plus one
-/// dispatch per tile.
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  const auto options = torch::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
-  const auto view = [&](const T* data, int64_t rows, int64_t cols, int64_t ld, bool trans) {
-    T* start = const_cast<T*>(data);
-    return trans ? torch::from_blob(start, {cols, rows}, {ld, 1}, options).t()
-                 : torch::from_blob(start, {rows, cols}, {ld, 1}, options);
-  };
-  auto out = torch::from_blob(c, {m, n}, {ldc, 1}, options);
-  at::addmm_out(out, out, view(a, m, k, lda, trans_a), view(b, k, n, ldb, trans_b), beta, alpha);
 }
 
 /// bfloat16 runs the float kernels: its inputs are widened once, the products and the softmax
