@@ -81,14 +81,16 @@ torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& op
   return torch::empty(sizes, options);
 }
 
-torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x) {
+torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x, Workspace* workspace,
+                      int slot) {
   const auto& weight = linear->weight;
   const auto& bias = linear->bias;
   if (records_grad(x, weight, bias) || !x.is_contiguous())
     return torch::nn::functional::linear(x, weight, bias);
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(0);
-  auto out = empty_large(sizes, x.options());
+  auto out =
+      workspace ? workspace->take(slot, sizes, x.options()) : empty_large(sizes, x.options());
   auto out_rows = out.view({-1, weight.size(0)});
   const auto x_rows = x.view({-1, x.size(-1)});
   if (bias.defined()) {

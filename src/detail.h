@@ -3,6 +3,8 @@
 // What the modules share besides the functional layer: input validation (every message names
 // the caller, what it expected and what it got) and the article's query/key/value parameters.
 
+#include <attention/workspace.h>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
@@ -55,9 +57,11 @@ bool records_grad(const Tensors&... tensors) {
 /// large buffer. Its storage cannot be resized. Anything else comes from torch::empty.
 torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& options);
 
-/// linear(x) with its output from empty_large when no gradient is recorded (LibTorch's out=
-/// products do not record one); linear(x) itself otherwise.
-torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x);
+/// linear(x) with its output from empty_large, or from `slot` of `workspace` when one is given,
+/// when no gradient is recorded (LibTorch's out= products do not record one); linear(x) itself
+/// otherwise.
+torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x,
+                      Workspace* workspace = nullptr, int slot = 0);
 
 }  // namespace detail
 }  // namespace attention

@@ -85,10 +85,16 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   const int64_t B = xb.size(0), t_q = xb.size(1), H = options.num_heads();
   const int64_t H_kv = options.num_kv_heads(), hd = head_dim();
 
-  auto queries = detail::project(W_query, xb).view({B, t_q, H, hd}).transpose(1, 2);
-  auto keys = detail::project(W_key, source).view({B, source.size(1), H_kv, hd}).transpose(1, 2);
-  auto values =
-      detail::project(W_value, source).view({B, source.size(1), H_kv, hd}).transpose(1, 2);
+  // Slots of the workspace, one per projection.
+  enum : int { kQuery, kKey, kValue };
+  auto queries =
+      detail::project(W_query, xb, &workspace_, kQuery).view({B, t_q, H, hd}).transpose(1, 2);
+  auto keys = detail::project(W_key, source, &workspace_, kKey)
+                  .view({B, source.size(1), H_kv, hd})
+                  .transpose(1, 2);
+  auto values = detail::project(W_value, source, &workspace_, kValue)
+                    .view({B, source.size(1), H_kv, hd})
+                    .transpose(1, 2);
   if (forward_options.kv_cache()) {
     std::tie(keys, values) = forward_options.kv_cache()->append(keys, values);
   }

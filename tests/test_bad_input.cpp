@@ -421,6 +421,13 @@ std::vector<BadInput> cases() {
          attention::heatmap_svg(torch::rand({2, 2}), {"a"}, {"a", "b"});
        },
        Kind::Value, "matching the labels"},
+      {"workspace: slot out of range", [] { attention::Workspace().take(16, {2}, torch::kFloat); },
+       Kind::Value, "attention::Workspace::take: expected a slot in [0, 16), got 16"},
+      {"workspace: negative size",
+       [] {
+         attention::Workspace().take(0, {2, -1}, torch::kFloat);
+       },
+       Kind::Value, "attention::Workspace::take: expected sizes >= 0, got (2, -1)"},
   };
 }
 

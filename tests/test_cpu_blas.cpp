@@ -6,7 +6,7 @@
 #include "kernels/cpu_blas.h"
 
 #include <torch/torch.h>
-#include <catch2/catch.hpp>
+#include "catch_compat.h"
 
 #include <random>
 

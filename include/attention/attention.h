@@ -15,3 +15,4 @@
 #include <attention/safetensors.h>
 #include <attention/self_attention.h>
 #include <attention/weights.h>
+#include <attention/workspace.h>

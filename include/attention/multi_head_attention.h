@@ -6,6 +6,7 @@
 #include <attention/functional.h>
 #include <attention/kv_cache.h>
 #include <attention/weights.h>
+#include <attention/workspace.h>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
@@ -114,6 +115,15 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// Size of each head's queries, keys and values: d_out / num_heads.
   int64_t head_dim() const { return options.d_out() / options.num_heads(); }
 
+  /// The buffers the forward reuses between calls for its query, key and value projections when
+  /// no gradient is recorded (inference): at most (B * T * d_out + 2 * B * Tk * num_kv_heads *
+  /// head_dim) elements of the largest call so far. A projection still in use elsewhere is never
+  /// overwritten (see Workspace). release_workspace() gives the memory back; a clone starts with
+  /// an empty workspace.
+  const Workspace& workspace() const { return workspace_; }
+  /// Drops the workspace's buffers (see workspace()).
+  void release_workspace() { workspace_.release(); }
+
   /// The options the module was built with.
   MultiHeadAttentionOptions options;
   /// Query projection, d_in -> d_out.
@@ -124,6 +134,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_value{nullptr};
   /// Output projection, d_out -> d_out (empty with `output_projection(false)`).
   torch::nn::Linear out_proj{nullptr};
+
+ private:
+  Workspace workspace_;
 };
 
 TORCH_MODULE(MultiHeadAttention);

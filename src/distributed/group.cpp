@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <limits>
 
@@ -56,6 +57,21 @@ void choose_store_backend(c10d::TCPStoreOptions& options) {
 #endif
 }
 
+// A write to a rank that has stopped must come back as an error, not end the process (see
+// the class comment): SIGPIPE ignored unless the program chose its own action.
+void ignore_sigpipe_by_default() {
+#if defined(SIGPIPE) && !defined(_WIN32)
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      !(current.sa_flags & SA_SIGINFO)) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
+#endif
+}
+
 }  // namespace
 
 WorkPtr GroupState::send(torch::Tensor& tensor, int64_t to, int tag) {
@@ -95,6 +111,7 @@ Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, 
   state->rank = rank;
   state->size = world_size;
   state->timeout = options.timeout();
+  ignore_sigpipe_by_default();
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
   gloo_options->devices.push_back(gloo_device(options));
   try {

@@ -114,7 +114,7 @@ class Forward {
   void run() {
     const int64_t blocks = (p_.t_q + p_.block - 1) / p_.block;
     at::parallel_for(0, p_.n * p_.g * blocks, 1, [&](int64_t begin, int64_t end) {
-      Workspace w(p_, options_);
+      TileBuffers w(p_, options_);
       for (int64_t item = begin; item < end; ++item) {
         query_block(item / blocks, cpu::interleaved(item % blocks, blocks) * p_.block, w);
       }
@@ -123,10 +123,10 @@ class Forward {
 
  private:
   // One thread's buffers, reused for every item it takes.
-  struct Workspace {
+  struct TileBuffers {
     Tensor scores, acc;
     std::vector<T> max, sum;
-    Workspace(const Problem& p, const torch::TensorOptions& options)
+    TileBuffers(const Problem& p, const torch::TensorOptions& options)
         : scores(torch::empty({p.block * p.block}, options)),
           acc(torch::empty({p.block * p.dv}, options)),
           max(p.block),
@@ -134,7 +134,7 @@ class Forward {
   };
 
   // Query head h, queries [i0, i0 + rows): every key block, then the output rows.
-  void query_block(int64_t h, int64_t i0, Workspace& w) const {
+  void query_block(int64_t h, int64_t i0, TileBuffers& w) const {
     const int64_t rows = std::min(p_.block, p_.t_q - i0), kv = h / p_.g;
     std::fill(w.max.begin(), w.max.end(), -std::numeric_limits<T>::infinity());
     std::fill(w.sum.begin(), w.sum.end(), T(0));
@@ -167,7 +167,7 @@ class Forward {
   // workspace with row stride ld, the softmax step, and the weighted values into the rows of
   // the accumulator from `first` on.
   void tile(int64_t h, int64_t kv, int64_t i, int64_t rows, int64_t j0, int64_t cols, int64_t ld,
-            int64_t seen, Workspace& w, int64_t first) const {
+            int64_t seen, TileBuffers& w, int64_t first) const {
     T* scores = w.scores.template data_ptr<T>() + first * ld;
     T* acc = w.acc.template data_ptr<T>() + first * p_.dv;
     cpu::gemm<T>(false, true, rows, cols, p_.d, static_cast<T>(p_.scale), q_.row(h, i),

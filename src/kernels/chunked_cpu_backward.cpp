@@ -131,7 +131,7 @@ class Backward {
   void run() {
     const int64_t key_blocks = (p_.t_k + p_.block - 1) / p_.block;
     at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
-      Workspace w(p_.block);
+      TileBuffers w(p_.block);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t kv = item / splits_, split = item % splits_;
         T* dq = dq_ + split * p_.n * p_.g * p_.t_q * p_.d;
@@ -143,13 +143,14 @@ class Backward {
  private:
   // One thread's tiles: scores, probabilities, and the gradient of the probabilities (then of
   // the scores).
-  struct Workspace {
+  struct TileBuffers {
     std::vector<T> s, prob, dp;
-    explicit Workspace(int64_t block) : s(block * block), prob(block * block), dp(block * block) {}
+    explicit TileBuffers(int64_t block)
+        : s(block * block), prob(block * block), dp(block * block) {}
   };
 
   // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
-  void key_block(int64_t kv, int64_t j0, T* dq, Workspace& w) const {
+  void key_block(int64_t kv, int64_t j0, T* dq, TileBuffers& w) const {
     const int64_t cols = std::min(p_.block, p_.t_k - j0);
     T* dk = dk_ + (kv * p_.t_k + j0) * p_.d;
     T* dv = dv_ + (kv * p_.t_k + j0) * p_.dv;
@@ -175,7 +176,7 @@ class Backward {
 
   // Queries [i0, i0 + rows) of query head h against keys [j0, j0 + cols) of head kv.
   void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* dq, T* dk,
-            T* dv, Workspace& w) const {
+            T* dv, TileBuffers& w) const {
     const T scale = static_cast<T>(p_.scale);
     const T* q = q_.row(h, i0);
     const T* k = k_.row(kv, j0);

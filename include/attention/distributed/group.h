@@ -33,6 +33,12 @@ struct GroupOptions {
 /// Every distributed call is collective: all ranks make the same calls in the same order.
 /// Copies share one connection; the group closes when the last copy goes.
 ///
+/// A rank that stops closes its connections; Gloo's next write to it then raises SIGPIPE, whose
+/// default action ends the writing process before any error can be reported. Creating a group
+/// therefore sets SIGPIPE to be ignored when its action is still the default (as the Python
+/// interpreter does at start-up), so such a write fails with an error instead; a handler the
+/// program installed itself is left alone.
+///
 /// Example:
 /// \code
 ///   // torchrun --standalone --nproc_per_node=2 --no_python ./my_program
