@@ -164,7 +164,7 @@ class Forward {
   }
 
   // Queries [i, i + rows) against keys [j0, j0 + cols): scores in a (rows, cols) window of the
-  // workspace with row stride ld, the softmax step, and the weighted values into the rows of
+  // tile buffers with row stride ld, the softmax step, and the weighted values into the rows of
   // the accumulator from `first` on.
   void tile(int64_t h, int64_t kv, int64_t i, int64_t rows, int64_t j0, int64_t cols, int64_t ld,
             int64_t seen, TileBuffers& w, int64_t first) const {
