@@ -6,6 +6,8 @@
 //           long:IMPL:T        (IMPL chunked|math, one long-context measurement with its peak
 //                               memory; run it in a process of its own: the peak is the process's)
 //           long-train:IMPL:T  (the same for the forward and backward)
+//           blocks:T           (Chunked's forward and forward+backward for block sizes 64 to
+//                               1024, side by side: B=1, H=8 from T=4096, else B=8, H=12)
 
 #include <attention/attention.h>
 
@@ -255,6 +257,40 @@ void bench_long(const std::string& impl, int64_t t) {
          peak_rss_mb() - base);
 }
 
+// Chunked's block size, causal, head size 64: the tile of scores a thread keeps is block x
+// block, so this is the sweep of tile size against the caches. Long context (T >= 4096) has
+// B=1, H=8, shorter sequences the Raschka core's B=8, H=12.
+void bench_blocks(int64_t t) {
+  const int64_t b = t >= 4096 ? 1 : 8, h = t >= 4096 ? 8 : 12;
+  auto q = torch::randn({b, h, t, 64}), k = torch::randn_like(q), v = torch::randn_like(q);
+  const auto upstream = torch::randn_like(q);
+  const auto qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(),
+             vg = v.clone().requires_grad_();
+  for (const int64_t block : {64, 128, 256, 512, 1024}) {
+    const auto options = F::ScaledDotProductAttentionOptions()
+                             .is_causal(true)
+                             .backend(Backend::Chunked)
+                             .block_size(block);
+    const std::string impl = "cpp.core.chunked.block" + std::to_string(block);
+    progress("blocks " + impl);
+    const double forward = median_ms(
+        [&] {
+          torch::NoGradGuard no_grad;
+          F::scaled_dot_product_attention(q, k, v, options);
+        },
+        2);
+    const double gflop = 2.0 * b * h * t * t * 64 / 1e9;  // the causal half of 4 b h t^2 d
+    record("blocks", impl, "forward", t, forward, gflop);
+    const double train = median_ms(
+        [&] {
+          // The gradients accumulate from call to call: three additions of (8, T, 64).
+          F::scaled_dot_product_attention(qg, kg, vg, options).output.backward(upstream);
+        },
+        1);
+    record("blocks", impl, "forward+backward", t, train, 3.5 * gflop);
+  }
+}
+
 void bench_decode() {
   // One new token against a KV cache at position P, against recomputing the causal forward.
   const int64_t d = settings.quick ? 64 : 768, h = settings.quick ? 4 : 12;
@@ -297,7 +333,7 @@ int main(int argc, char** argv) {
       fmt::print(
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode\n"
-          "        long:chunked|math:T long-train:chunked|math:T\n");
+          "        long:chunked|math:T long-train:chunked|math:T blocks:T\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -320,6 +356,8 @@ int main(int argc, char** argv) {
     } else if (g.rfind("long-train:", 0) == 0) {
       const auto colon = g.find(':', 11);
       bench_long_train(g.substr(11, colon - 11), std::stoll(g.substr(colon + 1)));
+    } else if (g.rfind("blocks:", 0) == 0) {
+      bench_blocks(std::stoll(g.substr(7)));
     } else if (g == "decode") {
       bench_decode();
     } else if (g.rfind("long:", 0) == 0) {
