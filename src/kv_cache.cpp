@@ -51,10 +51,15 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& key
     values_ = torch::empty(sizes, values.options());
   }
   // The cache holds values, not history: no gradient flows into earlier steps.
-  keys_.narrow(2, length_, t_new).copy_(keys.detach());
-  values_.narrow(2, length_, t_new).copy_(values.detach());
+  const int64_t cached = length_;
+  keys_.narrow(2, cached, t_new).copy_(keys.detach());
+  values_.narrow(2, cached, t_new).copy_(values.detach());
   length_ += t_new;
-  return {this->keys(), this->values()};
+  if (!detail::records_grad(keys, values)) return {this->keys(), this->values()};
+  // Training through the cache: the new keys and values themselves, behind the cached ones, so
+  // that the gradient reaches this step's projections.
+  return {torch::cat({keys_.narrow(2, 0, cached), keys}, 2),
+          torch::cat({values_.narrow(2, 0, cached), values}, 2)};
 }
 
 void KVCache::truncate(int64_t length) {

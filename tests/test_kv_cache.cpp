@@ -103,3 +103,61 @@ TEST_CASE("KVCache: a refused first append leaves the cache empty and free for a
   cache.append(fits, fits);
   CHECK(cache.keys().sizes() == torch::IntArrayRef({3, 1, 2, 8}));
 }
+
+TEST_CASE("KVCache: views handed out show later writes after truncate and reset; clones do not",
+          "[kv_cache]") {
+  KVCache cache(6);
+  const auto ones = torch::ones({1, 1, 4, 2}), twos = torch::full({1, 1, 2, 2}, 2.0);
+  const auto view = cache.append(ones, ones).first;  // positions 0-3
+  const auto snapshot = view.clone();
+  cache.truncate(2);
+  cache.append(twos, twos);  // writes positions 2-3 again
+  CHECK(torch::equal(view.narrow(2, 0, 2), ones.narrow(2, 0, 2)));
+  CHECK(torch::equal(view.narrow(2, 2, 2), twos));  // as the header says: not a snapshot
+  CHECK(torch::equal(snapshot, ones));
+  cache.reset();
+  cache.append(twos, twos);
+  CHECK(torch::equal(view.narrow(2, 0, 2), twos));
+  const auto outlives = cache.keys();
+  { KVCache gone = std::move(cache); }
+  CHECK(torch::equal(outlives, twos));  // the storage lives as long as a view of it
+}
+
+TEST_CASE("KVCache: in training the gradient reaches the new keys and values, not the cached",
+          "[kv_cache]") {
+  torch::manual_seed(5);
+  MultiHeadAttention mha(MultiHeadAttentionOptions(8, 8, 2).num_kv_heads(1));
+  const auto x = torch::randn({2, 5, 8});
+  const auto upstream = torch::randn({2, 5, 8});
+
+  // From an empty cache, the same gradients as without a cache.
+  mha(x).output.backward(upstream);
+  const auto key_grad = mha->W_key->weight.grad().clone();
+  const auto value_grad = mha->W_value->weight.grad().clone();
+  mha->zero_grad();
+  KVCache cache(10);
+  mha(x, MultiHeadAttentionForwardOptions().kv_cache(&cache)).output.backward(upstream);
+  CHECK(torch::allclose(mha->W_key->weight.grad(), key_grad, 1e-5, 1e-6));
+  CHECK(torch::allclose(mha->W_value->weight.grad(), value_grad, 1e-5, 1e-6));
+
+  // A second step: its own keys and values get a gradient; the cached five are constants. The
+  // same as attending over [cached, new] with the cached part detached, written out here with
+  // the module's own projections.
+  mha->zero_grad();
+  const auto next = torch::randn({2, 1, 8});
+  const auto out = mha(next, MultiHeadAttentionForwardOptions().kv_cache(&cache)).output;
+  out.sum().backward();
+  const auto step_key_grad = mha->W_key->weight.grad().clone();
+  CHECK(cache.length() == 6);
+  mha->zero_grad();
+  {
+    const auto past_k = mha->W_key(x).detach(), past_v = mha->W_value(x).detach();
+    const auto k = torch::cat({past_k, mha->W_key(next)}, 1).view({2, 6, 1, 4}).transpose(1, 2);
+    const auto v = torch::cat({past_v, mha->W_value(next)}, 1).view({2, 6, 1, 4}).transpose(1, 2);
+    const auto q = mha->W_query(next).view({2, 1, 2, 4}).transpose(1, 2);
+    const auto weights = torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / 2.0, -1);
+    const auto context = torch::matmul(weights, v).transpose(1, 2).reshape({2, 1, 8});
+    mha->out_proj(context).sum().backward();
+  }
+  CHECK(torch::allclose(step_key_grad, mha->W_key->weight.grad(), 1e-5, 1e-6));
+}

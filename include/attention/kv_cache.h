@@ -13,8 +13,18 @@ namespace attention {
 ///
 /// The storage, (B, Hkv, max_length, head_dim) for keys and for values, is allocated on the first
 /// append, with that append's batch size, heads, head size, dtype and device; every later append
-/// must match them. reset() empties the cache and keeps the storage. The cache is for inference:
-/// it stores detached copies, so no gradient flows through earlier steps.
+/// must match them. reset() empties the cache and keeps the storage.
+///
+/// Sharing: keys(), values() and what append() returns in inference are views of that storage.
+/// They stay valid (the storage lives as long as any view of it, even past the cache), but they
+/// are not snapshots: after truncate(n) or reset(), the next append writes over positions n (or
+/// 0) on, and every view handed out earlier shows the new tokens there. clone() a view to keep
+/// it.
+///
+/// Gradients: the cache stores detached copies, so no gradient flows into earlier steps. When
+/// autograd records the appended keys or values (grad mode on and one of them requires a
+/// gradient), append() returns the cached tokens followed by the new keys and values themselves
+/// (a copy, not a view), so the gradient reaches this step's keys and values.
 ///
 ///     attention::KVCache cache(/*max_length=*/1024);
 ///     for (...) out = mha(next_tokens, MultiHeadAttentionForwardOptions().kv_cache(&cache));
@@ -23,9 +33,11 @@ class KVCache {
   /// An empty cache for up to `max_length` tokens; throws c10::ValueError unless positive.
   explicit KVCache(int64_t max_length);
 
-  /// Appends keys and values (B, Hkv, T_new, head_dim) and returns views of everything cached,
-  /// (B, Hkv, length(), head_dim). Throws c10::ValueError when the tokens would not fit, or when
-  /// the shape, dtype or device differs from the earlier appends.
+  /// Appends keys and values (B, Hkv, T_new, head_dim) and returns everything cached,
+  /// (B, Hkv, length(), head_dim): views of the storage, or, when autograd records the new
+  /// tokens, a copy whose last T_new positions carry their gradient (see the class). Throws
+  /// c10::ValueError when the tokens would not fit, or when the shape, dtype or device differs from
+  /// the earlier appends.
   std::pair<torch::Tensor, torch::Tensor> append(const torch::Tensor& keys,
                                                  const torch::Tensor& values);
 
