@@ -10,6 +10,8 @@
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/common.h>
+#include <torch/nn/modules/container/any_value.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
@@ -134,6 +136,10 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_value{nullptr};
   /// Output projection, d_out -> d_out (empty with `output_projection(false)`).
   torch::nn::Linear out_proj{nullptr};
+
+ protected:
+  // So that AnyModule (and what holds one) can call forward(x) alone.
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(MultiHeadAttentionForwardOptions())})
 
  private:
   Workspace workspace_;
