@@ -32,8 +32,11 @@ namespace attention {
 ///     workspace.release();  // `again` stays valid; the workspace holds nothing
 class Workspace {
  public:
+  /// An empty workspace.
   Workspace() = default;
+  /// An empty workspace: buffers are never shared between copies.
   Workspace(const Workspace&) : Workspace() {}
+  /// Keeps this workspace's own buffers: buffers are never shared between copies.
   Workspace& operator=(const Workspace&) { return *this; }
 
   /// An uninitialized contiguous tensor of `sizes` for temporary `slot` (0 <= slot < 16): a view
