@@ -104,7 +104,7 @@ TEST_CASE("KVCache: a refused first append leaves the cache empty and free for a
   CHECK(cache.keys().sizes() == torch::IntArrayRef({3, 1, 2, 8}));
 }
 
-TEST_CASE("KVCache: views handed out show later writes after truncate and reset; clones do not",
+TEST_CASE("KVCache: views handed out show later writes after truncate and reset, clones do not",
           "[kv_cache]") {
   KVCache cache(6);
   const auto ones = torch::ones({1, 1, 4, 2}), twos = torch::full({1, 1, 2, 2}, 2.0);
