@@ -25,17 +25,14 @@ torch::Tensor Workspace::take(int slot, c10::IntArrayRef sizes,
   std::lock_guard<std::mutex> lock(mutex_);
   if (buffers_.size() <= static_cast<size_t>(slot)) buffers_.resize(slot + 1);
   torch::Tensor& buffer = buffers_[slot];
+  const bool same_kind =
+      buffer.defined() && buffer.dtype() == options.dtype() && buffer.device() == options.device();
   // Free: no tensor but this one refers to the buffer's memory (views, autograd's saved
   // tensors and caches all hold a reference to it).
-  const bool reusable = buffer.defined() && buffer.use_count() == 1 &&
-                        buffer.storage().use_count() == 1 && buffer.numel() >= numel &&
-                        buffer.dtype() == options.dtype() && buffer.device() == options.device();
+  const bool reusable = same_kind && buffer.use_count() == 1 && buffer.storage().use_count() == 1 &&
+                        buffer.numel() >= numel;
   if (!reusable) {
-    const int64_t keep =
-        buffer.defined() && buffer.dtype() == options.dtype() && buffer.device() == options.device()
-            ? std::max(numel, buffer.numel())
-            : numel;
-    buffer = detail::empty_large({keep}, options);
+    buffer = detail::empty_large({same_kind ? std::max(numel, buffer.numel()) : numel}, options);
   }
   return buffer.narrow(0, 0, numel).view(sizes);
 }
