@@ -34,6 +34,8 @@ if(ATTENTION_HAS_DISTRIBUTED)
   target_compile_options(attention_distributed PRIVATE ${ATTENTION_WARNINGS})
   set_source_files_properties(src/distributed/ring_attention.cpp src/distributed/head_parallel.cpp
     PROPERTIES COMPILE_OPTIONS "${ATTENTION_AUTOGRAD_FUNCTION_OPTIONS}")
+  attention_shared_library(attention_distributed ATTENTION_DISTRIBUTED_BUILDING)
+  attention_internal_archive(attention_distributed)
 endif()
 
 if(ATTENTION_HAS_DISTRIBUTED AND ATTENTION_BUILD_TOOLS)

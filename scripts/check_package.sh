@@ -3,10 +3,26 @@
 # installed package as a downstream project would, and runs them: examples/load_python_weights on
 # weights that Python saves, examples/gpt on the book's GPT that examples/gpt/train.py trained
 # (models/gpt/), which must generate Python's tokens; and examples/ring_attention over torchrun
-# on two processes when the library has attention::distributed.
+# on two processes when the library has attention::distributed. A shared build's libraries must
+# export their API alone.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
+
+# A shared build's installed libraries: their SONAME (major.minor while the major version is 0)
+# and exports (scripts/check_exports.sh).
+check_shared_exports() {
+  local prefix=$1 major minor soversion lib
+  major=$(sed -n 's/^#define ATTENTION_VERSION_MAJOR \([0-9]*\)$/\1/p' "$ROOT/include/attention/version.h")
+  minor=$(sed -n 's/^#define ATTENTION_VERSION_MINOR \([0-9]*\)$/\1/p' "$ROOT/include/attention/version.h")
+  soversion=$major
+  [[ $major == 0 ]] && soversion=$major.$minor
+  for name in attention attention_distributed; do
+    lib=$(find "$prefix" -name "lib$name.so" | head -n 1)
+    [[ -n $lib ]] && "$ROOT/scripts/check_exports.sh" "$lib" "lib$name.so.$soversion"
+  done
+  return 0
+}
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -17,6 +33,7 @@ for file in mha.pt mha_state_dict.pt; do
   "$work/load_python_weights/load-python-weights" "$work/$file"
 done
 build_example "$work" gpt
+check_shared_exports "$work/prefix"
 "$work/gpt/gpt" "$ROOT/models/gpt"
 # attention::distributed is optional: present when the library was built with it.
 if [[ -f $work/prefix/include/attention/distributed.h ]]; then

@@ -16,7 +16,8 @@ namespace attention {
 namespace detail {
 
 /// "(6, 4)"
-std::string shape_str(c10::IntArrayRef sizes);
+/// Exported from a shared build (ATTENTION_API): attention::distributed calls it.
+ATTENTION_API std::string shape_str(c10::IntArrayRef sizes);
 
 /// Checks a module input of shape (T, d_in) or (B, T, d_in) against the module's parameters:
 /// rank, feature size, dtype and device. `what` names the argument in messages ("input", "x_2").

@@ -14,5 +14,6 @@
 #include <attention/multi_head_attention_wrapper.h>
 #include <attention/safetensors.h>
 #include <attention/self_attention.h>
+#include <attention/version.h>
 #include <attention/weights.h>
 #include <attention/workspace.h>

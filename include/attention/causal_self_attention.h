@@ -3,6 +3,7 @@
 /// \file
 /// SelfAttention that hides future tokens: the article's masking with -inf before the softmax.
 
+#include <attention/export.h>
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
@@ -31,7 +32,15 @@ struct CausalSelfAttentionOptions {
 ///
 /// Same parameters, names and initialization order as SelfAttention (`W_query`, `W_key`,
 /// `W_value`, drawn with torch::rand). Input (T, d_in) or (B, T, d_in); output (..., T, d_out_v).
-class CausalSelfAttentionImpl : public torch::nn::Cloneable<CausalSelfAttentionImpl> {
+///
+/// Example:
+/// \code
+/// torch::manual_seed(123);
+/// attention::CausalSelfAttention ca(/*d_in=*/3, /*d_out_kq=*/2, /*d_out_v=*/2);
+/// torch::Tensor batch = torch::rand({2, 6, 3});
+/// torch::Tensor context = ca(batch);  // (2, 6, 2); token t sees tokens 0..t
+/// \endcode
+class ATTENTION_API CausalSelfAttentionImpl : public torch::nn::Cloneable<CausalSelfAttentionImpl> {
  public:
   /// Builds the module from its sizes; see the class for parameters and initialization.
   CausalSelfAttentionImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)

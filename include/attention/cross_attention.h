@@ -3,6 +3,7 @@
 /// \file
 /// Cross-attention: queries from one sequence, keys and values from another.
 
+#include <attention/export.h>
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
@@ -33,7 +34,16 @@ struct CrossAttentionOptions {
 /// (d_in_kv, d_out_v), drawn with torch::rand in that order. x_1 is (T_q, d_in) or
 /// (B, T_q, d_in), x_2 (T_kv, d_in_kv) or (B, T_kv, d_in_kv) with the same rank and batch size;
 /// the output is (..., T_q, d_out_v).
-class CrossAttentionImpl : public torch::nn::Cloneable<CrossAttentionImpl> {
+///
+/// Example:
+/// \code
+/// torch::manual_seed(123);
+/// attention::CrossAttention cross(/*d_in=*/3, /*d_out_kq=*/2, /*d_out_v=*/4);
+/// torch::Tensor x_1 = torch::rand({6, 3});  // queries come from here
+/// torch::Tensor x_2 = torch::rand({8, 3});  // keys and values from here
+/// torch::Tensor context = cross(x_1, x_2);  // (6, 4)
+/// \endcode
+class ATTENTION_API CrossAttentionImpl : public torch::nn::Cloneable<CrossAttentionImpl> {
  public:
   /// Builds the module from its sizes; see the class for parameters and initialization.
   CrossAttentionImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)

@@ -3,10 +3,17 @@
 /// \file
 /// fmt support for tensors, printed the way PyTorch prints them.
 ///
-///     fmt::print("{}\n", t);    // tensor([[ 0.3374, -0.1778], ...])
-///     fmt::print("{:s}\n", t);  // torch.Size([6, 3])
+/// Example:
+/// \code
+/// torch::manual_seed(123);
+/// torch::Tensor t = torch::randn({6, 3});
+/// fmt::print("{}\n", t);    // tensor([[ 0.3374, -0.1778, -0.1690], ...])
+/// fmt::print("{:s}\n", t);  // torch.Size([6, 3])
+/// std::string text = attention::format_tensor(t, /*precision=*/2);
+/// \endcode
 
 #include <ATen/core/Tensor.h>
+#include <attention/export.h>
 #include <fmt/format.h>
 
 #include <string>
@@ -16,11 +23,11 @@ namespace attention {
 /// The tensor as PyTorch's `print(t)` shows it (without grad_fn), `precision` decimals; an
 /// undefined tensor as LibTorch prints it. Throws c10::ValueError for a precision outside
 /// [0, 17], c10::TypeError for complex tensors, c10::Error for tensors without data (meta).
-std::string format_tensor(const at::Tensor& tensor, int precision = 4);
+ATTENTION_API std::string format_tensor(const at::Tensor& tensor, int precision = 4);
 
 /// The shape as PyTorch's `print(t.shape)` shows it: `torch.Size([6, 3])`. Throws
 /// c10::ValueError for an undefined tensor, which has no shape.
-std::string format_shape(const at::Tensor& tensor);
+ATTENTION_API std::string format_shape(const at::Tensor& tensor);
 
 }  // namespace attention
 

@@ -3,6 +3,7 @@
 /// \file
 /// The shared math of every attention module: scaled dot-product attention, in one place.
 
+#include <attention/export.h>
 #include <torch/arg.h>
 #include <torch/types.h>
 
@@ -45,7 +46,7 @@ enum class Path {
 
 /// The kernel that computed the calling thread's most recent scaled_dot_product_attention() or
 /// projected_attention() call, for diagnostics and for tests that must know which path ran.
-Path last_path();
+ATTENTION_API Path last_path();
 
 /// Auto picks Chunked when the scores (..., H, Tq, Tk) would hold at least this many elements.
 constexpr int64_t kAutoChunkedScores = int64_t{1} << 20;
@@ -99,9 +100,20 @@ struct AttentionOutput {
 /// Throws c10::ValueError for inconsistent shapes and option values, c10::TypeError for
 /// mismatched or unsupported dtypes, c10::Error for mismatched devices and for what the chosen
 /// backend cannot do (the message names the backend).
-AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
-                                             const torch::Tensor& value,
-                                             const ScaledDotProductAttentionOptions& options = {});
+///
+/// Example:
+/// \code
+/// namespace F = attention::functional;
+/// torch::Tensor q = torch::randn({2, 12, 1024, 64});  // (B, H, T, d)
+/// torch::Tensor k = torch::randn({2, 4, 1024, 64});   // 4 key/value heads (GQA)
+/// torch::Tensor v = torch::randn({2, 4, 1024, 64});
+/// auto options = F::ScaledDotProductAttentionOptions().is_causal(true);
+/// auto out = F::scaled_dot_product_attention(q, k, v, options.backend(F::Backend::Chunked));
+/// torch::Tensor context = out.output;  // (2, 12, 1024, 64)
+/// \endcode
+ATTENTION_API AttentionOutput scaled_dot_product_attention(
+    const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+    const ScaledDotProductAttentionOptions& options = {});
 
 /// The article's modules in one call: softmax((x_q W_query)(x_kv W_key)ᵀ / sqrt(d_kq)) x_kv
 /// W_value, with the options of scaled_dot_product_attention (causal, masks, dropout, backend).
@@ -112,10 +124,21 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
 /// the projections). Tiny CPU inputs that need no gradient (at most 64 tokens and features, no
 /// mask, dropout or weights, Backend::Auto) skip LibTorch's per-op dispatch and are computed
 /// directly (Path::Direct); the result agrees with the general path to rounding.
-torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor& x_kv,
-                                  const torch::Tensor& W_query, const torch::Tensor& W_key,
-                                  const torch::Tensor& W_value,
-                                  const ScaledDotProductAttentionOptions& options = {});
+///
+/// Example:
+/// \code
+/// torch::manual_seed(123);
+/// torch::Tensor x = torch::rand({6, 3});
+/// torch::Tensor W_query = torch::rand({3, 2}), W_key = torch::rand({3, 2});
+/// torch::Tensor W_value = torch::rand({3, 4});
+/// torch::Tensor context = attention::functional::projected_attention(
+///     x, x, W_query, W_key, W_value,
+///     attention::functional::ScaledDotProductAttentionOptions().is_causal(true));  // (6, 4)
+/// \endcode
+ATTENTION_API torch::Tensor projected_attention(
+    const torch::Tensor& x_q, const torch::Tensor& x_kv, const torch::Tensor& W_query,
+    const torch::Tensor& W_key, const torch::Tensor& W_value,
+    const ScaledDotProductAttentionOptions& options = {});
 
 }  // namespace functional
 }  // namespace attention

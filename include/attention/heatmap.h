@@ -3,6 +3,7 @@
 /// \file
 /// Attention maps as pictures: a small SVG writer for 2-D weight tensors.
 
+#include <attention/export.h>
 #include <torch/types.h>
 
 #include <string>
@@ -21,8 +22,21 @@ namespace attention {
 /// Throws c10::ValueError unless `weights` is 2-D with as many rows as `row_labels` and as many
 /// columns as `column_labels`, c10::TypeError for complex weights, c10::Error for weights without
 /// data (meta).
-std::string heatmap_svg(const torch::Tensor& weights, const std::vector<std::string>& row_labels,
-                        const std::vector<std::string>& column_labels,
-                        const std::string& title = "");
+///
+/// Example:
+/// \code
+/// attention::MultiHeadAttention mha(
+///     attention::MultiHeadAttentionOptions(/*d_in=*/16, /*d_out=*/16, /*num_heads=*/2));
+/// auto out = mha(torch::randn({1, 3, 16}), attention::MultiHeadAttentionForwardOptions()
+///                                              .need_weights(true)
+///                                              .average_attn_weights(false));
+/// std::vector<std::string> tokens = {"Your", "journey", "starts"};
+/// std::string svg = attention::heatmap_svg(out.weights[0][0], tokens, tokens, "head 0");
+/// std::ofstream("head0.svg") << svg;
+/// \endcode
+ATTENTION_API std::string heatmap_svg(const torch::Tensor& weights,
+                                      const std::vector<std::string>& row_labels,
+                                      const std::vector<std::string>& column_labels,
+                                      const std::string& title = "");
 
 }  // namespace attention

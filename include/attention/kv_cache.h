@@ -3,6 +3,7 @@
 /// \file
 /// A key/value cache for incremental decoding.
 
+#include <attention/export.h>
 #include <torch/types.h>
 
 #include <utility>
@@ -26,9 +27,14 @@ namespace attention {
 /// gradient), append() returns the cached tokens followed by the new keys and values themselves
 /// (a copy, not a view), so the gradient reaches this step's keys and values.
 ///
-///     attention::KVCache cache(/*max_length=*/1024);
-///     for (...) out = mha(next_tokens, MultiHeadAttentionForwardOptions().kv_cache(&cache));
-class KVCache {
+/// Example:
+/// \code
+/// attention::KVCache cache(/*max_length=*/1024);
+/// torch::Tensor k = torch::randn({1, 8, 1, 64}), v = torch::randn({1, 8, 1, 64});
+/// auto [keys, values] = cache.append(k, v);  // every key and value so far: (1, 8, 1, 64)
+/// cache.truncate(0);                          // start over, keeping the memory
+/// \endcode
+class ATTENTION_API KVCache {
  public:
   /// An empty cache for up to `max_length` tokens; throws c10::ValueError unless positive.
   explicit KVCache(int64_t max_length);

@@ -3,6 +3,7 @@
 /// \file
 /// The production form of multi-head attention: fused projections, masks, KV cache, GQA.
 
+#include <attention/export.h>
 #include <attention/functional.h>
 #include <attention/kv_cache.h>
 #include <attention/weights.h>
@@ -92,8 +93,24 @@ struct MultiHeadAttentionForwardOptions {
 /// `mask` in a file.
 ///
 /// Input (B, T, d_in) or (T, d_in); output of the same rank with d_out features.
-class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl>,
-                               public DerivedBuffers {
+///
+/// Example:
+/// \code
+/// attention::MultiHeadAttention mha(
+///     attention::MultiHeadAttentionOptions(/*d_in=*/768, /*d_out=*/768, /*num_heads=*/12)
+///         .num_kv_heads(4));  // grouped-query attention
+/// torch::Tensor x = torch::randn({2, 16, 768});
+/// torch::Tensor y = mha(x).output;  // (2, 16, 768), causal
+///
+/// // Token-by-token decoding with a cache equals the one forward above:
+/// attention::KVCache cache(/*max_length=*/16);
+/// for (int64_t t = 0; t < 16; ++t) {
+///   auto step = mha(x.slice(1, t, t + 1),
+///                   attention::MultiHeadAttentionForwardOptions().kv_cache(&cache));
+/// }
+/// \endcode
+class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl>,
+                                             public DerivedBuffers {
  public:
   /// Builds the module from its sizes; see the class for parameters and initialization.
   MultiHeadAttentionImpl(int64_t d_in, int64_t d_out, int64_t num_heads)

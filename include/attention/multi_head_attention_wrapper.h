@@ -3,6 +3,7 @@
 /// \file
 /// The article's MultiHeadAttentionWrapper: several SelfAttention heads side by side.
 
+#include <attention/export.h>
 #include <attention/self_attention.h>
 
 #include <torch/arg.h>
@@ -36,7 +37,16 @@ struct MultiHeadAttentionWrapperOptions {
 /// The heads live in a ModuleList registered as `heads` (parameters `heads.0.W_query`, ...),
 /// constructed in order, so a seed gives the same weights as the article's Python wrapper.
 /// Input (T, d_in) or (B, T, d_in); output (..., T, num_heads * d_out_v).
-class MultiHeadAttentionWrapperImpl : public torch::nn::Cloneable<MultiHeadAttentionWrapperImpl> {
+///
+/// Example:
+/// \code
+/// torch::manual_seed(123);
+/// attention::MultiHeadAttentionWrapper wrapper(/*d_in=*/3, /*d_out_kq=*/2, /*d_out_v=*/1,
+///                                              /*num_heads=*/4);
+/// torch::Tensor context = wrapper(torch::rand({6, 3}));  // (6, 4): the heads side by side
+/// \endcode
+class ATTENTION_API MultiHeadAttentionWrapperImpl
+    : public torch::nn::Cloneable<MultiHeadAttentionWrapperImpl> {
  public:
   /// Builds the module from its sizes; see the class for parameters and initialization.
   MultiHeadAttentionWrapperImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v, int64_t num_heads)

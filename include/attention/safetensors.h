@@ -6,6 +6,7 @@
 /// (`{"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}, ...}`, plus an optional
 /// `"__metadata__"` object of strings), then the raw little-endian tensor data.
 
+#include <attention/export.h>
 #include <torch/types.h>
 
 #include <cstddef>
@@ -28,13 +29,20 @@ constexpr std::size_t kMaxSafetensorsHeader = 100'000'000;
 /// entry without dtype/shape/data_offsets or with an unknown dtype, negative or overflowing
 /// shapes, offsets out of bounds or not matching dtype x shape, tensors that overlap or leave
 /// gaps in the data section.
-NamedTensors parse_safetensors(const char* data, std::size_t size);
+///
+/// Example:
+/// \code
+/// attention::NamedTensors tensors = {{"W_query", torch::rand({3, 2})}};
+/// std::string bytes = attention::serialize_safetensors(tensors);
+/// attention::NamedTensors back = attention::parse_safetensors(bytes.data(), bytes.size());
+/// \endcode
+ATTENTION_API NamedTensors parse_safetensors(const char* data, std::size_t size);
 
 /// Writes tensors as safetensors bytes (each made contiguous on the CPU). Throws c10::ValueError
 /// for a dtype safetensors has no name for, or a duplicate or reserved name.
-std::string serialize_safetensors(const NamedTensors& tensors);
+ATTENTION_API std::string serialize_safetensors(const NamedTensors& tensors);
 
 /// True when `data` starts like a safetensors file (a plausible header length, then '{').
-bool looks_like_safetensors(const char* data, std::size_t size);
+ATTENTION_API bool looks_like_safetensors(const char* data, std::size_t size);
 
 }  // namespace attention

@@ -3,6 +3,7 @@
 /// \file
 /// The article's SelfAttention: one head of scaled dot-product attention.
 
+#include <attention/export.h>
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
@@ -32,7 +33,15 @@ struct SelfAttentionOptions {
 /// `torch::manual_seed(123)`, `SelfAttention(3, 2, 4)` holds the article's weights.
 ///
 /// Input (T, d_in) or (B, T, d_in); output (T, d_out_v) or (B, T, d_out_v).
-class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
+///
+/// Example:
+/// \code
+/// torch::manual_seed(123);
+/// attention::SelfAttention sa(/*d_in=*/3, /*d_out_kq=*/2, /*d_out_v=*/4);
+/// torch::Tensor x = torch::rand({6, 3});  // six tokens, three features each
+/// torch::Tensor context = sa(x);          // (6, 4)
+/// \endcode
+class ATTENTION_API SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
  public:
   /// Builds the module from its sizes; see the class for parameters and initialization.
   SelfAttentionImpl(int64_t d_in, int64_t d_out_kq, int64_t d_out_v)

@@ -3,6 +3,7 @@
 /// \file
 /// Moving weights between Python and C++ by parameter name.
 
+#include <attention/export.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 
@@ -17,7 +18,7 @@ namespace attention {
 /// Implemented by modules that compute some of their Python twin's buffers themselves (the book's
 /// causal `mask`, say). load_weights() skips those names in a file and lists them in
 /// LoadReport::derived.
-class DerivedBuffers {
+class ATTENTION_API DerivedBuffers {
  public:
   virtual ~DerivedBuffers() = default;
   /// Names relative to the module.
@@ -56,7 +57,7 @@ enum class WeightLayout {
 /// Options of load_weights(). The file's names go through, in order: LoadOptions::key (which
 /// entry of a checkpoint), LoadOptions::prefix, LoadOptions::rename, LoadOptions::layout; the
 /// result must be the module's names.
-struct LoadOptions {
+struct ATTENTION_API LoadOptions {
   /// A function from a file's name to the module's name.
   using NameMap = std::function<std::string(const std::string&)>;
   /// A regular expression (ECMAScript) and its replacement (`$1` for a group), applied to every
@@ -146,20 +147,20 @@ struct LoadReport {
 ///     attention::MultiHeadAttentionOptions(768, 768, 12).context_length(1024).qkv_bias(true));
 /// attention::load_weights(*att, "gpt.pth", attention::LoadOptions().prefix("trf_blocks.3.att."));
 /// \endcode
-LoadReport load_weights(torch::nn::Module& module, const std::string& path,
-                        const LoadOptions& options = {});
+ATTENTION_API LoadReport load_weights(torch::nn::Module& module, const std::string& path,
+                                      const LoadOptions& options = {});
 
 /// load_weights() on a file already in memory (`size` bytes at `data`), e.g. read from an archive
 /// or received over a network. `source` names it in error messages.
-LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data, std::size_t size,
-                                    const LoadOptions& options = {},
-                                    const std::string& source = "<memory>");
+ATTENTION_API LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data,
+                                                  std::size_t size, const LoadOptions& options = {},
+                                                  const std::string& source = "<memory>");
 
 /// Writes the module's parameters and buffers, read back by load_weights(): as safetensors when
 /// `path` ends in ".safetensors", else as `torch.save(module.state_dict(), path)` writes it, which
 /// Python reads with `module.load_state_dict(torch.load(path, weights_only=True))`. Tensors are
 /// written from the CPU, contiguous; the file is
 /// written beside `path` and renamed over it, so a failed write leaves no truncated file.
-void save_weights(const torch::nn::Module& module, const std::string& path);
+ATTENTION_API void save_weights(const torch::nn::Module& module, const std::string& path);
 
 }  // namespace attention

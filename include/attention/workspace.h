@@ -3,6 +3,7 @@
 /// \file
 /// Buffers a module keeps between calls for its large temporaries.
 
+#include <attention/export.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -24,13 +25,15 @@ namespace attention {
 /// Calls from several threads are safe. A copy (as clone() makes) starts empty.
 ///
 /// Example:
-///
-///     attention::Workspace workspace;
-///     auto q = workspace.take(0, {8, 1024, 768}, torch::kFloat);  // fresh
-///     q = torch::Tensor();
-///     auto again = workspace.take(0, {8, 1024, 768}, torch::kFloat);  // the same memory
-///     workspace.release();  // `again` stays valid; the workspace holds nothing
-class Workspace {
+/// \code
+/// attention::Workspace workspace;
+/// torch::Tensor a = workspace.take(/*slot=*/0, {4, 64}, torch::kFloat);
+/// a.zero_();
+/// a = torch::Tensor();  // let go of it: the next take() of slot 0 hands the same memory out
+/// torch::Tensor b = workspace.take(0, {2, 64}, torch::kFloat);
+/// workspace.release();  // b stays valid; the workspace no longer holds memory
+/// \endcode
+class ATTENTION_API Workspace {
  public:
   /// An empty workspace.
   Workspace() = default;

@@ -42,10 +42,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> cpu_backward(
 /// The Chunked forward of `p` (its mask expanded to the scores' shape) without autograd: the fused
 /// CPU forward where it applies, else the tiles. Returns the output shaped like the queries with
 /// dv features and the log-sum-exp (N, G, Tq), +inf for a query that sees no key.
-std::pair<torch::Tensor, torch::Tensor> forward_with_lse(const Problem& p,
-                                                         const torch::Tensor& query,
-                                                         const torch::Tensor& key,
-                                                         const torch::Tensor& value);
+/// Exported from a shared build (ATTENTION_API): attention::distributed calls it.
+ATTENTION_API std::pair<torch::Tensor, torch::Tensor> forward_with_lse(const Problem& p,
+                                                                       const torch::Tensor& query,
+                                                                       const torch::Tensor& key,
+                                                                       const torch::Tensor& value);
 
 /// forward_with_lse on the device-generic tiles, for any device and dtype: the forward of every
 /// input the fused CPU kernel does not take (and checked on the CPU against Math).
@@ -59,7 +60,8 @@ std::pair<torch::Tensor, torch::Tensor> tiles_forward_with_lse(const Problem& p,
 /// block of a longer sequence, `out` and `lse` are those of the whole sequence, and the results
 /// are that block's share of the gradients. The fused CPU backward where it applies, else the
 /// tiles.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward_with_lse(
+/// Exported from a shared build (ATTENTION_API): attention::distributed calls it.
+ATTENTION_API std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward_with_lse(
     const Problem& p, const torch::Tensor& query, const torch::Tensor& key,
     const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
     const torch::Tensor& grad_out);

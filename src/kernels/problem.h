@@ -53,16 +53,18 @@ struct Problem {
   /// The shape of the scores, (..., H, Tq, Tk).
   std::vector<int64_t> score_sizes() const;
   /// The user's mask expanded (a view) to the scores' shape; undefined without a mask.
-  torch::Tensor expanded_mask() const;
+  /// Exported from a shared build (ATTENTION_API): attention::distributed calls it.
+  ATTENTION_API torch::Tensor expanded_mask() const;
 };
 
 /// Validates query, key, value and options and describes the problem. Throws c10::ValueError for
 /// shapes and option values, c10::TypeError for dtypes, c10::Error for devices; each message
 /// names `caller`, what it expected and what it got.
-Problem make_problem(const torch::Tensor& query, const torch::Tensor& key,
-                     const torch::Tensor& value,
-                     const functional::ScaledDotProductAttentionOptions& options,
-                     const char* caller);
+/// Exported from a shared build (ATTENTION_API): attention::distributed calls it.
+ATTENTION_API Problem make_problem(const torch::Tensor& query, const torch::Tensor& key,
+                                   const torch::Tensor& value,
+                                   const functional::ScaledDotProductAttentionOptions& options,
+                                   const char* caller);
 
 /// The same for projected_attention: checks x_q (T, d_in) or (B, T, d_in), x_kv of the same rank
 /// and batch, W_query (d_in, d_kq), W_key (d_in_kv, d_kq), W_value (d_in_kv, d_v), one dtype and

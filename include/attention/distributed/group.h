@@ -4,6 +4,7 @@
 /// The process group of the distributed modules: PyTorch's c10d with its Gloo backend, made from
 /// torchrun's environment or from any c10d store.
 
+#include <attention/export.h>
 #include <torch/arg.h>
 #include <torch/types.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -41,11 +42,11 @@ struct GroupOptions {
 ///
 /// Example:
 /// \code
-///   // torchrun --standalone --nproc_per_node=2 --no_python ./my_program
-///   auto group = attention::distributed::Group::from_env();
-///   std::cout << "rank " << group.rank() << " of " << group.size() << "\n";
+/// // torchrun --standalone --nproc_per_node=2 --no_python ./my_program
+/// auto group = attention::distributed::Group::from_env();
+/// std::cout << "rank " << group.rank() << " of " << group.size() << "\n";
 /// \endcode
-class Group {
+class ATTENTION_DISTRIBUTED_API Group {
  public:
   /// The group torchrun describes: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (rank 0 hosts
   /// the c10d::TCPStore unless TORCHELASTIC_USE_AGENT_STORE=True says torchrun hosts it).

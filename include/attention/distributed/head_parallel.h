@@ -5,6 +5,7 @@
 /// Megatron-LM splits it).
 
 #include <attention/distributed/group.h>
+#include <attention/export.h>
 #include <attention/multi_head_attention.h>
 #include <attention/weights.h>
 
@@ -32,14 +33,15 @@ namespace distributed {
 ///
 /// Example:
 /// \code
-///   auto group = attention::distributed::Group::from_env();
-///   torch::manual_seed(0);  // the same full module on every rank
-///   attention::MultiHeadAttention full(768, 768, 12);
-///   auto part = attention::distributed::shard_heads(*full, group);
-///   auto y = part->forward(x).output;  // == full->forward(x).output
-///   attention::MultiHeadAttention again = part->gather();
+/// auto group = attention::distributed::Group::from_env();
+/// torch::manual_seed(0);  // the same full module and input on every rank
+/// attention::MultiHeadAttention full(768, 768, 12);
+/// torch::Tensor x = torch::randn({2, 128, 768});
+/// auto part = attention::distributed::shard_heads(*full, group);
+/// torch::Tensor y = part->forward(x).output;  // == full->forward(x).output
+/// attention::MultiHeadAttention again = part->gather();
 /// \endcode
-class HeadParallelMultiHeadAttentionImpl
+class ATTENTION_DISTRIBUTED_API HeadParallelMultiHeadAttentionImpl
     : public torch::nn::Cloneable<HeadParallelMultiHeadAttentionImpl>,
       public DerivedBuffers {
  public:
@@ -82,14 +84,14 @@ TORCH_MODULE(HeadParallelMultiHeadAttention);
 
 /// This rank's share of `full`'s heads and weights (copied). Collective; every rank must pass the
 /// same module (e.g. made with the same seed or loaded from the same file).
-HeadParallelMultiHeadAttention shard_heads(const MultiHeadAttentionImpl& full, const Group& group);
+ATTENTION_DISTRIBUTED_API HeadParallelMultiHeadAttention
+shard_heads(const MultiHeadAttentionImpl& full, const Group& group);
 
 /// Loads a full module's weight file (any format load_weights() reads, with its options) and
 /// keeps this rank's share. Collective.
-HeadParallelMultiHeadAttention load_sharded(const std::string& path,
-                                            const MultiHeadAttentionOptions& options,
-                                            const Group& group,
-                                            const LoadOptions& load_options = {});
+ATTENTION_DISTRIBUTED_API HeadParallelMultiHeadAttention
+load_sharded(const std::string& path, const MultiHeadAttentionOptions& options, const Group& group,
+             const LoadOptions& load_options = {});
 
 }  // namespace distributed
 }  // namespace attention

@@ -6,6 +6,7 @@
 
 #include <attention/distributed/group.h>
 #include <attention/distributed/sequence_split.h>
+#include <attention/export.h>
 
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -45,16 +46,22 @@ struct RingAttentionOptions {
 ///
 /// Example:
 /// \code
-///   auto group = attention::distributed::Group::from_env();
-///   auto q = attention::distributed::shard_sequence(q_full, 2, group, /*balanced=*/true);
-///   // ... k and v the same way
-///   auto out = attention::distributed::ring_attention(
-///       q, k, v, group, attention::distributed::RingAttentionOptions().is_causal(true));
-///   auto out_full = attention::distributed::gather_sequence(out, 2, group, /*balanced=*/true);
+/// namespace dist = attention::distributed;
+/// auto group = dist::Group::from_env();
+/// torch::manual_seed(0);  // the same inputs on every rank, (B, H, T, d)
+/// torch::Tensor q_full = torch::randn({1, 8, 4096, 64});
+/// torch::Tensor k_full = torch::randn({1, 8, 4096, 64}), v_full = torch::randn({1, 8, 4096, 64});
+/// auto q = dist::shard_sequence(q_full, 2, group, /*balanced=*/true);
+/// auto k = dist::shard_sequence(k_full, 2, group, /*balanced=*/true);
+/// auto v = dist::shard_sequence(v_full, 2, group, /*balanced=*/true);
+/// auto out = dist::ring_attention(q, k, v, group, dist::RingAttentionOptions().is_causal(true));
+/// auto out_full = dist::gather_sequence(out, 2, group, /*balanced=*/true);
 /// \endcode
-torch::Tensor ring_attention(const torch::Tensor& query, const torch::Tensor& key,
-                             const torch::Tensor& value, const Group& group,
-                             const RingAttentionOptions& options = {});
+ATTENTION_DISTRIBUTED_API torch::Tensor ring_attention(const torch::Tensor& query,
+                                                       const torch::Tensor& key,
+                                                       const torch::Tensor& value,
+                                                       const Group& group,
+                                                       const RingAttentionOptions& options = {});
 
 }  // namespace distributed
 }  // namespace attention
