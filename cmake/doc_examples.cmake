@@ -19,7 +19,7 @@ add_custom_command(OUTPUT ${ATTENTION_DOC_EXAMPLES}
   DEPENDS ${PROJECT_SOURCE_DIR}/scripts/extract_examples.py ${ATTENTION_DOCUMENTED_HEADERS}
   COMMENT "Extracting the headers' Example blocks" VERBATIM)
 add_executable(attention-doc-examples EXCLUDE_FROM_ALL ${ATTENTION_DOC_EXAMPLES})
-target_link_libraries(attention-doc-examples PRIVATE attention::attention)
+target_link_libraries(attention-doc-examples PRIVATE attention::attention attention::testing)
 if(ATTENTION_HAS_DISTRIBUTED)
   target_link_libraries(attention-doc-examples PRIVATE attention::distributed)
 endif()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks what a shared build of the library exports: of its own code, the API and nothing else.
 #  - Every exported symbol in namespace attention must be public: at the top of the namespace, in
-#    attention::functional or attention::distributed, or a member, vtable or type information of
+#    attention::functional, attention::distributed or attention::testing, or a member, vtable or type information of
 #    a public class. Internal namespaces (detail, kernels, cpu, serialization, anonymous) stay
 #    hidden, except the kernel functions that attention::distributed calls.
 #  - Symbols of other code may only be instantiations of the templates of the standard library
@@ -25,7 +25,7 @@ symbols=$(nm -D --defined-only -C "$lib" | cut -d' ' -f3- |
   grep -v -x -E '_init|_fini|_edata|_end|__bss_start' |
   sed -E 's/^((typeinfo name|typeinfo|vtable|VTT|guard variable) for |(non-)?virtual thunk to )//')
 internal='^attention::(\(anonymous namespace\)|[a-z_0-9]+)::'
-public='^attention::(functional|distributed)::'
+public='^attention::(functional|distributed|testing)::'
 called_by_distributed='^attention::(detail::shape_str|kernels::(Problem::expanded_mask|make_problem|forward_with_lse|backward_with_lse))(\[|\()'
 templates='^(void |bool |std::[^ ]+ |void \(\*\)\()?(std::|__gnu_cxx::|at::|c10::|c10d::|torch::|caffe2::)'
 

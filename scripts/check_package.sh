@@ -3,8 +3,9 @@
 # installed package as a downstream project would, and runs them: examples/load_python_weights on
 # weights that Python saves, examples/gpt on the book's GPT that examples/gpt/train.py trained
 # (models/gpt/), which must generate Python's tokens; and examples/ring_attention over torchrun
-# on two processes when the library has attention::distributed. A shared build's libraries must
-# export their API alone.
+# on two processes when the library has attention::distributed; examples/ci_regression, whose
+# CTest checks its C++ block against the cases its Python records with the parity kit. A shared
+# build's libraries must export their API alone.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -17,7 +18,7 @@ check_shared_exports() {
   minor=$(sed -n 's/^#define ATTENTION_VERSION_MINOR \([0-9]*\)$/\1/p' "$ROOT/include/attention/version.h")
   soversion=$major
   [[ $major == 0 ]] && soversion=$major.$minor
-  for name in attention attention_distributed; do
+  for name in attention attention_distributed attention_testing; do
     lib=$(find "$prefix" -name "lib$name.so" | head -n 1)
     [[ -n $lib ]] && "$ROOT/scripts/check_exports.sh" "$lib" "lib$name.so.$soversion"
   done
@@ -34,6 +35,9 @@ for file in mha.pt mha_state_dict.pt; do
 done
 build_example "$work" gpt
 check_shared_exports "$work/prefix"
+# The parity kit as a downstream CI uses it: Python records, CTest checks one test per case.
+build_example "$work" ci_regression -DPARITY_PYTHON="$PYTHON"
+(cd "$work/ci_regression" && ctest --output-on-failure)
 "$work/gpt/gpt" "$ROOT/models/gpt"
 # attention::distributed is optional: present when the library was built with it.
 if [[ -f $work/prefix/include/attention/distributed.h ]]; then

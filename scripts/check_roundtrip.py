@@ -9,8 +9,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The parity kit's package holds the safetensors reader and writer.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 import reference  # noqa: E402
-import safetensors_io  # noqa: E402
+from attention_parity import safetensors_io  # noqa: E402
 
 # The seeds and constructor arguments of tests/roundtrip_writer.cpp.
 MODULES = {

@@ -23,13 +23,13 @@ configure_sanitized() {
 }
 
 # Installs BUILD_DIR into WORK/prefix (once) and builds examples/NAME against the installed
-# package into WORK/NAME, as a downstream project would.
+# package into WORK/NAME, as a downstream project would; further arguments go to its configure.
 build_example() {
   local work=$1 name=$2
   if [[ ! -d $work/prefix ]]; then
     cmake --install "$BUILD_DIR" --prefix "$work/prefix" >/dev/null
   fi
   cmake -S "$ROOT/examples/$name" -B "$work/$name" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+    -DCMAKE_PREFIX_PATH="$work/prefix" "${@:3}" >/dev/null
   cmake --build "$work/$name" -j "$JOBS" >/dev/null
 }

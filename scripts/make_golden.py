@@ -3,7 +3,7 @@
 
 For each case: <name>.pt, the reference module with its weights (torch.jit.save of the scripted
 module), <name>.state_dict.pt, the same weights as torch.save(dict(m.state_dict())), <name>.safetensors,
-the same weights as safetensors (written by scripts/safetensors_io.py), and
+the same weights as safetensors (written by python/attention_parity/safetensors_io.py), and
 <name>.tensors.pt, a plain dict of tensors (torch.save): the inputs ("input.<arg>"),
 the upstream gradient ("grad_output"), the output ("output") and the gradient of the output
 against every input and parameter ("grad.<arg>", "grad.<parameter name>"). manifest.json lists
@@ -28,8 +28,10 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The parity kit's package holds the safetensors reader and writer.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 import reference  # noqa: E402
-import safetensors_io  # noqa: E402
+from attention_parity import safetensors_io  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "models", "golden")
