@@ -80,7 +80,7 @@ TEST_CASE("golden harness: a weight perturbed by 1e-3 is reported as a mismatch"
     }
     const auto result = golden::compare(*it, m, golden::read_tensors(*it));
     REQUIRE_FALSE(result.failures.empty());
-    CHECK_THAT(result.failures.front(), test::starts_with("output: "));
+    CHECK_THAT(result.failures.front(), test::starts_with("output.0: "));
     CHECK_THAT(result.failures.front(),
                test::contains(" elements beyond the tolerance; max |diff| "));
     CHECK(result.max_abs_diff > it->atol);

@@ -166,6 +166,10 @@ TEST_CASE("parity: compare_tensor reports shapes, NaN and infinities, and the wo
   auto inf_case = compare_tensor("t", torch::tensor({1.0, nan, -inf, -2.0}), e, 1, 1);
   REQUIRE(inf_case);
   CHECK(inf_case->where == std::vector<int64_t>{2});
+  auto nan_for_inf = compare_tensor("t", torch::tensor({1.0, nan, nan, -2.0}), e, 1, 1);
+  REQUIRE(nan_for_inf);
+  CHECK(nan_for_inf->where == std::vector<int64_t>{2});
+  CHECK(std::isinf(nan_for_inf->max_abs_diff));
   auto shape = compare_tensor("t", torch::zeros({2, 2}), e, 1, 1);
   REQUIRE(shape);
   CHECK(shape->problem == "shape [2, 2] in C++, [4] in Python");

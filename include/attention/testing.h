@@ -117,6 +117,9 @@ struct ATTENTION_TESTING_API ParityReport {
   std::vector<std::string> compared;
   /// Every tensor that differs beyond the tolerance.
   std::vector<TensorMismatch> mismatches;
+  /// The largest |C++ - Python| over every compared tensor of the right shape (NaN against NaN
+  /// and an infinity against the same one count as no difference), to see the margin.
+  double max_abs_diff = 0;
 
   /// No mismatch.
   bool passed() const { return mismatches.empty(); }
@@ -129,6 +132,9 @@ ATTENTION_TESTING_API std::ostream& operator<<(std::ostream& stream, const Parit
 
 /// Options of check_parity().
 struct ParityOptions {
+  /// Load the case's weights into the module first. Off for a module that already holds them
+  /// (loaded from a TorchScript archive or a file of its own, say).
+  TORCH_ARG(bool, load_weights) = true;
   /// How the case's weights load into the module (prefix, renames; load_weights()'s options).
   /// Parameter gradients are compared under the same prefix and renames; those of parameters
   /// outside the prefix are not compared.

@@ -162,16 +162,37 @@ std::map<std::string, torch::Tensor> read_tensors(const Case& c) {
 
 namespace {
 
-// The parity kit's comparison (attention/testing.h), so that the goldens and the cases users
-// record are held to one rule and reported in one form.
-void check_close(const std::string& what, const torch::Tensor& actual,
-                 const torch::Tensor& expected, const Case& c, Comparison& result) {
-  if (actual.defined() && actual.sizes() == expected.sizes() && expected.numel() > 0) {
-    const auto diff = (actual.detach().to(torch::kDouble) - expected.to(torch::kDouble)).abs();
-    result.max_abs_diff = std::max(result.max_abs_diff, diff.max().item<double>());
+// The golden case as the parity kit reads a recorded one: the same tensors under the kit's names
+// (output -> output.0, grad_output -> grad_output.0, grad.<input> -> grad.input.<input>,
+// grad.<parameter> -> grad.param.<parameter>), so that one harness, the kit's, checks both.
+attention::testing::ParityCase as_parity_case(const Case& c, const torch::nn::Module& module,
+                                              const std::map<std::string, torch::Tensor>& golden) {
+  attention::testing::ParityCase p;
+  p.name = c.name;
+  p.rtol = c.rtol;
+  p.atol = c.atol;
+  p.gradients = c.mode == "train";
+  p.input_names = c.inputs;
+  for (const auto& name : c.inputs) {
+    p.inputs.push_back(golden.at("input." + name));
+    p.tensors["input." + name] = golden.at("input." + name);
+    const auto grad = golden.find("grad." + name);
+    if (p.gradients && grad != golden.end()) p.tensors["grad.input." + name] = grad->second;
   }
-  const auto mismatch = attention::testing::compare_tensor(what, actual, expected, c.rtol, c.atol);
-  if (mismatch) result.failures.push_back(attention::testing::to_string(*mismatch));
+  p.output_names = {"0"};
+  p.tensors["output.0"] = golden.at("output");
+  if (golden.count("weights")) {
+    p.output_names.push_back("weights");
+    p.tensors["output.weights"] = golden.at("weights");
+  }
+  if (p.gradients) {
+    p.tensors["grad_output.0"] = golden.at("grad_output");
+    for (const auto& parameter : module.named_parameters()) {
+      p.parameter_names.push_back(parameter.key());
+      p.tensors["grad.param." + parameter.key()] = golden.at("grad." + parameter.key());
+    }
+  }
+  return p;
 }
 
 }  // namespace
@@ -196,35 +217,29 @@ std::string path_name(attention::functional::Path path) {
 }
 
 Comparison compare(const Case& c, Module& m, const std::map<std::string, torch::Tensor>& golden) {
-  const bool train = c.mode == "train";
-  Module::Inputs inputs;
-  for (const auto& name : c.inputs) {
-    auto input = golden.at("input." + name).clone();
-    inputs[name] = input.is_floating_point() && train ? input.requires_grad_(true) : input;
-  }
-  for (auto& p : m.module->parameters()) p.mutable_grad() = torch::Tensor();
+  const auto recorded = as_parity_case(c, *m.module, golden);
+  std::string path;
+  const auto report = attention::testing::check_parity(
+      *m.module, recorded,
+      [&](const std::vector<torch::Tensor>& in) {
+        Module::Inputs inputs;
+        for (size_t i = 0; i < in.size(); ++i) inputs[c.inputs[i]] = in[i];
+        const auto out = m.forward(inputs);
+        path = path_name(attention::functional::last_path());
+        std::vector<torch::Tensor> outputs{out.output};
+        if (recorded.output_names.size() == 2) outputs.push_back(out.weights);
+        return outputs;
+      },
+      // The test has loaded the weights already, from the case's own files.
+      attention::testing::ParityOptions().load_weights(false));
   Comparison result;
-  const auto out = [&] {
-    if (train) return m.forward(inputs);
-    torch::NoGradGuard no_grad;
-    return m.forward(inputs);
-  }();
-  const auto path = path_name(attention::functional::last_path());
+  result.max_abs_diff = report.max_abs_diff;
   if (path != c.path) {
     result.failures.push_back(
         fmt::format("path: the forward took {}, the case is for {}", path, c.path));
   }
-  check_close("output", out.output, golden.at("output"), c, result);
-  if (golden.count("weights")) check_close("weights", out.weights, golden.at("weights"), c, result);
-  if (!train) return result;
-  out.output.backward(golden.at("grad_output"));
-  for (const auto& [name, input] : inputs) {
-    if (input.requires_grad()) {
-      check_close("grad." + name, input.grad(), golden.at("grad." + name), c, result);
-    }
-  }
-  for (const auto& p : m.module->named_parameters()) {
-    check_close("grad." + p.key(), p.value().grad(), golden.at("grad." + p.key()), c, result);
+  for (const auto& mismatch : report.mismatches) {
+    result.failures.push_back(attention::testing::to_string(mismatch));
   }
   return result;
 }

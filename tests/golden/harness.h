@@ -63,13 +63,14 @@ std::map<std::string, torch::Tensor> read_tensors(const Case& c);
 
 struct Comparison {
   double max_abs_diff = 0;
-  std::vector<std::string> failures;  // "<tensor>: max |diff| <d> beyond tolerance"
+  std::vector<std::string> failures;  // the kit's line for each mismatch; a wrong path
 };
 
 /// The name of a path as the manifest writes it.
 std::string path_name(attention::functional::Path path);
 
-/// Runs forward (and, for a training case, backward) of `m` on the case's inputs and compares the
+/// With the parity kit's check_parity() (the case's tensors under the kit's names), runs forward
+/// (and, for a training case, backward) of `m` on the case's inputs and compares the
 /// output, the attention weights when the case has them, and the gradient of every floating input
 /// and every parameter with Python's, within the case's tolerance. A case with forward["decode"]
 /// feeds its input in those chunks through a KV cache. Also checks that the forward took the
