@@ -65,7 +65,8 @@ def record(module, inputs, directory, *, forward=None, seed=None, gradients=True
     as attention weights not asked for, are left out). With `gradients`, a fixed upstream gradient
     (normal, from a generator seeded with `grad_seed`) is back-propagated from every floating
     output. rtol and atol default by the outputs' dtype. `seed` is recorded for the reader (call
-    torch.manual_seed yourself before building the module and the inputs). Returns the manifest.
+    torch.manual_seed yourself before building the module and the inputs). Put a module with
+    dropout in eval() first: the C++ side cannot draw the same random masks. Returns the manifest.
     """
     named_inputs = _named(inputs, "input")
     forward = forward or (lambda m, *args: m(*args))
