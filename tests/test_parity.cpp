@@ -132,7 +132,8 @@ TEST_CASE("parity: a case loads with a prefix, its parameter gradients compared 
   CHECK(test::unchanged(*mha, before));
 }
 
-TEST_CASE("parity: a forward that returns the wrong number of outputs is a mismatch", "[parity]") {
+TEST_CASE("parity: a forward with the wrong number of outputs, or none recording gradients, fails",
+          "[parity]") {
   const ParityCase recorded = load_parity_case(case_dir("block_float64"));
   Block block(16, 4);
   block->to(torch::kDouble);
@@ -142,6 +143,19 @@ TEST_CASE("parity: a forward that returns the wrong number of outputs is a misma
   });
   REQUIRE(report.mismatches.size() == 1);
   CHECK(report.mismatches[0].problem == "the forward returned 2 tensors, the case has 1 (0)");
+
+  // A forward that records no gradient cannot pass a case that holds gradients.
+  const auto detached = check_parity(*block, recorded, [&](const std::vector<torch::Tensor>& in) {
+    return std::vector<torch::Tensor>{block(in.at(0)).detach()};
+  });
+  REQUIRE(detached.mismatches.size() == 1);
+  CHECK(detached.mismatches[0].problem ==
+        "the case holds gradients, but no output of the forward records one");
+  CHECK_THROWS_C10(check_parity(*block, recorded, forward_of(block),
+                                attention::testing::ParityOptions().rtol(-1.0)),
+                   c10::ValueError,
+                   "attention::testing::check_parity: tolerances must be finite and >= 0, got "
+                   "rtol -1 and atol 1e-10");
 }
 
 TEST_CASE("parity: compare_tensor reports shapes, NaN and infinities, and the worst element",

@@ -158,7 +158,9 @@ using ParityForward = std::function<std::vector<torch::Tensor>(const std::vector
 /// compares the outputs and, with the case's upstream gradient, the gradients of the inputs and
 /// of the parameters with Python's. Every tensor is compared (the report lists every mismatch,
 /// not the first). Throws c10::Error when the weights do not load (the module then stays as it
-/// was) or the forward throws; a wrong number of outputs is a mismatch.
+/// was) or the forward throws, c10::ValueError for a negative or non-finite tolerance; a wrong
+/// number of outputs, or outputs recording no gradient for a case that holds gradients, is a
+/// mismatch.
 ATTENTION_TESTING_API ParityReport check_parity(torch::nn::Module& module, const ParityCase& c,
                                                 const ParityForward& forward,
                                                 const ParityOptions& options = {});

@@ -207,6 +207,8 @@ ParityReport check_parity(torch::nn::Module& module, const ParityCase& c,
   if (options.load_weights()) load_weights(module, c.weights_path(), options.load());
   const double rtol = options.rtol().value_or(c.rtol);
   const double atol = options.atol().value_or(c.atol);
+  TORCH_CHECK_VALUE(std::isfinite(rtol) && rtol >= 0 && std::isfinite(atol) && atol >= 0, kCheck,
+                    ": tolerances must be finite and >= 0, got rtol ", rtol, " and atol ", atol);
   const bool gradients = options.gradients() && c.gradients;
 
   ParityReport report;
@@ -255,7 +257,16 @@ ParityReport check_parity(torch::nn::Module& module, const ParityCase& c,
       upstream.push_back(grad_output->second.to(outputs[i].options()));
     }
   }
-  if (!gradients || roots.empty()) return report;
+  if (!gradients) return report;
+  if (roots.empty()) {
+    // Python's outputs carried gradients; comparing none would pass a detached forward.
+    report.compared.push_back("gradients");
+    TensorMismatch m;
+    m.tensor = "gradients";
+    m.problem = "the case holds gradients, but no output of the forward records one";
+    report.mismatches.push_back(m);
+    return report;
+  }
 
   torch::autograd::backward(roots, upstream);
   for (size_t i = 0; i < inputs.size(); ++i) {
