@@ -87,6 +87,8 @@ def record(module, inputs, directory, *, forward=None, seed=None, gradients=True
     elif isinstance(raw, dict):
         raw = {k: v for k, v in raw.items() if v is not None}
     outputs = _named(raw, "output")
+    if not outputs:
+        raise ValueError("attention_parity.record: the forward returned no tensor")
 
     tensors = {f"input.{name}": value.detach() for name, value in leaves.items()}
     tensors.update({f"output.{name}": value.detach() for name, value in outputs.items()})
