@@ -13,7 +13,6 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <sstream>
 
 namespace attention {
 namespace testing {
@@ -144,9 +143,13 @@ std::ostream& operator<<(std::ostream& stream, const ParityReport& report) {
   return stream << report.str();
 }
 
-c10::optional<TensorMismatch> compare_tensor(const std::string& name, const torch::Tensor& actual,
+namespace {
+
+// compare_tensor(), and the largest |C++ - Python| of a tensor of the right shape folded into
+// `largest` on the way, so that check_parity() computes the differences once.
+c10::optional<TensorMismatch> compare_values(const std::string& name, const torch::Tensor& actual,
                                              const torch::Tensor& expected, double rtol,
-                                             double atol) {
+                                             double atol, double* largest) {
   TensorMismatch m;
   m.tensor = name;
   if (!actual.defined()) {
@@ -167,6 +170,9 @@ c10::optional<TensorMismatch> compare_tensor(const std::string& name, const torc
   const auto a = actual.detach().to(torch::kCPU, torch::kDouble);
   const auto e = expected.detach().to(torch::kCPU, torch::kDouble);
   const auto diff = differences(a, e);
+  if (largest != nullptr && diff.numel() > 0) {
+    *largest = std::max(*largest, diff.max().item<double>());
+  }
   // Beyond the tolerance by how much; an infinite difference always (inf - inf is NaN).
   const auto excess = torch::where(
       diff == 0, diff,
@@ -193,6 +199,14 @@ c10::optional<TensorMismatch> compare_tensor(const std::string& name, const torc
   return m;
 }
 
+}  // namespace
+
+c10::optional<TensorMismatch> compare_tensor(const std::string& name, const torch::Tensor& actual,
+                                             const torch::Tensor& expected, double rtol,
+                                             double atol) {
+  return compare_values(name, actual, expected, rtol, atol, nullptr);
+}
+
 ParityReport check_parity(torch::nn::Module& module, const ParityCase& c,
                           const ParityForward& forward, const ParityOptions& options) {
   constexpr const char* kCheck = "attention::testing::check_parity";
@@ -215,16 +229,8 @@ ParityReport check_parity(torch::nn::Module& module, const ParityCase& c,
   report.case_name = c.name;
   auto compare = [&](const std::string& name, const torch::Tensor& actual) {
     report.compared.push_back(name);
-    const auto& expected = c.tensors.at(name);
-    if (actual.defined() && actual.sizes() == expected.sizes() && expected.numel() > 0) {
-      torch::NoGradGuard no_grad;
-      const double largest =
-          differences(actual.detach().to(torch::kCPU, torch::kDouble), expected.to(torch::kDouble))
-              .max()
-              .item<double>();
-      report.max_abs_diff = std::max(report.max_abs_diff, largest);
-    }
-    auto mismatch = compare_tensor(name, actual, expected, rtol, atol);
+    auto mismatch =
+        compare_values(name, actual, c.tensors.at(name), rtol, atol, &report.max_abs_diff);
     if (mismatch) report.mismatches.push_back(*mismatch);
   };
 
