@@ -206,6 +206,9 @@ TEST_CASE("parity: bad case folders are refused with the file and the reason", "
   std::ofstream(other / "manifest.json") << R"({"format": "golden", "format_version": 1})";
   CHECK_THROWS_C10(load_parity_case(other.string()), c10::Error,
                    "' is not a parity case (format 'golden', expected 'attention-parity')");
+  std::ofstream(other / "manifest.json") << R"({"format": 3, "format_version": 1})";
+  CHECK_THROWS_C10(load_parity_case(other.string()), c10::Error,
+                   "/manifest.json': 'format' must be a string, got 3");
   std::ofstream(other / "manifest.json")
       << R"({"format": "attention-parity", "format_version": 2})";
   CHECK_THROWS_C10(load_parity_case(other.string()), c10::Error,

@@ -39,6 +39,22 @@ std::vector<std::string> strings(const nlohmann::json& manifest, const char* key
   return out;
 }
 
+// An optional entry of the manifest, checked to have the JSON type that `is_type` tests; `fallback`
+// when absent. (nlohmann's value() would throw its own type_error, which names neither file nor
+// key.)
+template <typename T>
+T entry(const nlohmann::json& manifest, const char* key, const std::string& path, T fallback,
+        bool (nlohmann::json::*is_type)() const noexcept, const char* type) {
+  if (!manifest.contains(key)) return fallback;
+  TORCH_CHECK((manifest[key].*is_type)(), kLoad, ": '", path, "': '", key, "' must be ", type,
+              ", got ", manifest[key].dump());
+  return manifest[key].get<T>();
+}
+
+std::string text(const nlohmann::json& manifest, const char* key, const std::string& path) {
+  return entry<std::string>(manifest, key, path, "", &nlohmann::json::is_string, "a string");
+}
+
 double number(const nlohmann::json& manifest, const char* key, const std::string& path) {
   TORCH_CHECK(manifest.contains(key) && manifest[key].is_number(), kLoad, ": '", path,
               "' has no number '", key, "'");
@@ -79,25 +95,27 @@ ParityCase load_parity_case(const std::string& directory) {
   const nlohmann::json manifest =
       nlohmann::json::parse(read_file(manifest_path), nullptr, /*allow_exceptions=*/false);
   TORCH_CHECK(manifest.is_object(), kLoad, ": '", manifest_path, "' is not a JSON object");
-  TORCH_CHECK(manifest.value("format", "") == "attention-parity", kLoad, ": '", manifest_path,
-              "' is not a parity case (format '", manifest.value("format", ""),
-              "', expected 'attention-parity')");
-  const int version = manifest.value("format_version", 0);
+  const std::string format = text(manifest, "format", manifest_path);
+  TORCH_CHECK(format == "attention-parity", kLoad, ": '", manifest_path,
+              "' is not a parity case (format '", format, "', expected 'attention-parity')");
+  const auto version = entry<int64_t>(manifest, "format_version", manifest_path, 0,
+                                      &nlohmann::json::is_number_integer, "an integer");
   TORCH_CHECK(version == kFormatVersion, kLoad, ": '", manifest_path, "' has format version ",
               version, "; this library reads version ", kFormatVersion);
 
   ParityCase c;
   c.directory = directory;
-  c.name = manifest.value("name", "");
-  c.module = manifest.value("module", "");
-  c.torch_version = manifest.value("torch_version", "");
-  c.dtype = manifest.value("dtype", "");
+  c.name = text(manifest, "name", manifest_path);
+  c.module = text(manifest, "module", manifest_path);
+  c.torch_version = text(manifest, "torch_version", manifest_path);
+  c.dtype = text(manifest, "dtype", manifest_path);
   if (manifest.contains("seed") && manifest["seed"].is_number_integer()) {
     c.seed = manifest["seed"].get<int64_t>();
   }
   c.rtol = number(manifest, "rtol", manifest_path);
   c.atol = number(manifest, "atol", manifest_path);
-  c.gradients = manifest.value("gradients", false);
+  c.gradients = entry<bool>(manifest, "gradients", manifest_path, false,
+                            &nlohmann::json::is_boolean, "true or false");
   c.input_names = strings(manifest, "inputs", manifest_path);
   c.output_names = strings(manifest, "outputs", manifest_path);
   c.parameter_names = strings(manifest, "parameters", manifest_path);
