@@ -20,10 +20,14 @@ mkdir -p "$out"
 lengths=(512 1024 2048 4096 8192 16384 32768)
 math_lengths=(512 1024 2048 4096 8192)
 train_lengths=(8192)
+window_lengths=(8192 32768)
+window=1024
 if ((${#quick[@]})); then
   lengths=(256 512)
   math_lengths=(256 512)
   train_lengths=(512)
+  window_lengths=(512)
+  window=128
 fi
 # PyTorch 2.x has a fused CPU kernel behind F.scaled_dot_product_attention and goes as far as
 # Chunked; 1.13's is whole matrices, as far as Math.
@@ -44,6 +48,10 @@ for t in "${lengths[@]}"; do
 done
 for t in "${math_lengths[@]}"; do
   "${bench[@]}" "long:math:$t" >>"$out/cpp.jsonl"
+done
+for t in "${window_lengths[@]}"; do
+  echo "bench_measure.sh: sliding window $window at T=$t" >&2
+  "${bench[@]}" "window:$t:$window" >>"$out/cpp.jsonl"
 done
 for t in "${python_lengths[@]}"; do
   "${python_bench[@]}" "long:$t" >>"$out/python.jsonl.tmp"

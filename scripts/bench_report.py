@@ -87,7 +87,22 @@ def targets(records, second):
                ratio(find(second, "raschka", "cpp.fused.auto"),
                      find(second, "raschka", "python.nn_mha", allocator="tcmalloc")), 0.8)
     training_targets(records, second, target)
+    window_targets(records, second, target)
     return rows
+
+
+def window_targets(records, second, target):
+    """Sliding window against full causal attention at the same length: the arithmetic is
+    T * w against T^2 / 2, so the ratio's floor is about 2w / T."""
+    for rs in [records] + ([second] if second else []):
+        v = version(rs)
+        for r in sorted((r for r in rs if r["group"] == "window"), key=lambda r: r["T"]):
+            w = int(r["impl"].rsplit("window", 1)[1])
+            floor = 2 * w / r["T"]
+            target(f"7. LibTorch {v}: long-context forward T={r['T']}, sliding window {w} / full "
+                   f"causal (arithmetic {floor:.3f})",
+                   ratio(r, find(rs, "long", "cpp.core.chunked", r["T"])),
+                   round(1.6 * floor, 3))
 
 
 def training_targets(records, second, target):

@@ -129,6 +129,11 @@ def case_list():
                     dropout=0.0, num_heads=heads, qkv_bias=kw.pop("qkv_bias", False),
                     num_kv_heads=kw.pop("num_kv_heads", heads), causal=kw.pop("causal", True),
                     d_in_kv=kw.pop("d_in_kv", d_in))
+        # The variants of later models, named only where a case uses them.
+        for variant in ("sliding_window", "softcap", "alibi", "top_left", "rope_theta",
+                        "rotary_dim", "rope_interleaved", "llama3_scaling", "sinks"):
+            if variant in kw:
+                args[variant] = kw.pop(variant)
         assert not kw
         return args
 
@@ -200,6 +205,69 @@ def case_list():
         [[2, 12, 8]], forward=dict(decode=[1] * 12), mode="inference", path="math")
     add("mha_decode_chunks_float64", "MultiHeadAttention", mha(8, 8, 2), [[1, 40, 8]], "float64",
         forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference", path="math")
+
+    # Sliding windows, soft-capping, ALiBi and causal alignment (MultiHeadAttentionOptions'
+    # sliding_window, softcap, alibi, causal_alignment): Math on short sequences, the fused
+    # Chunked kernels forward and backward at T >= 1024, and combinations.
+    add("variant_window_math", "MultiHeadAttention", mha(8, 16, 4, num_kv_heads=2, sliding_window=5),
+        [[2, 40, 8]], "float64", forward=dict(backend="math"), path="math")
+    add("variant_window_not_causal_math", "MultiHeadAttention",
+        mha(8, 8, 2, causal=False, sliding_window=4), [[2, 17, 8]], forward=dict(backend="math"),
+        path="math")
+    add("variant_window_chunked_T1024_float64", "MultiHeadAttention",
+        mha(8, 16, 4, num_kv_heads=2, context_length=1024, sliding_window=100), [[1, 1024, 8]],
+        "float64", forward=dict(backend="chunked"), path="chunked_fused")
+    add("variant_window_inference_T1100_float32", "MultiHeadAttention",
+        mha(16, 32, 4, context_length=1100, sliding_window=256), [[1, 1100, 16]],
+        mode="inference", path="chunked_fused")
+    add("variant_softcap_math", "MultiHeadAttention", mha(8, 8, 2, softcap=1.5), [[2, 9, 8]],
+        "float64", magnitude=3.0, forward=dict(backend="math"), path="math")
+    add("variant_softcap_causal_chunked_T1024_float64", "MultiHeadAttention",
+        mha(8, 16, 4, context_length=1024, softcap=1.0), [[1, 1024, 8]], "float64",
+        magnitude=4.0, forward=dict(backend="chunked"), path="chunked_fused")
+    add("variant_alibi_8_heads_math", "MultiHeadAttention", mha(8, 16, 8, alibi=True),
+        [[2, 12, 8]], forward=dict(backend="math"), path="math")
+    add("variant_alibi_6_heads_padding_chunked_T1024_float64", "MultiHeadAttention",
+        mha(8, 24, 6, num_kv_heads=3, context_length=1024, alibi=True), [[2, 1024, 8]],
+        "float64", forward=dict(backend="chunked", key_padding_mask=True), path="chunked_fused")
+    add("variant_top_left_cross_math", "MultiHeadAttention",
+        mha(6, 8, 2, d_in_kv=10, top_left=True), [[2, 5, 6], [2, 9, 10]], "float64",
+        forward=dict(context=True, backend="math"), path="math")
+    add("variant_top_left_cross_chunked_T1100_float64", "MultiHeadAttention",
+        mha(6, 8, 2, d_in_kv=4, context_length=1100, top_left=True), [[1, 700, 6], [1, 1100, 4]],
+        "float64", forward=dict(context=True, backend="chunked"), path="chunked_fused")
+    add("variant_all_chunked_T1024_float64", "MultiHeadAttention",
+        mha(8, 16, 4, num_kv_heads=1, context_length=1024, sliding_window=300, softcap=2.0,
+            alibi=True), [[1, 1024, 8]], "float64", magnitude=4.0,
+        forward=dict(backend="chunked"), path="chunked_fused")
+    add("variant_window_gqa_decode_chunks", "MultiHeadAttention",
+        mha(8, 16, 4, num_kv_heads=2, sliding_window=7, alibi=True), [[1, 40, 8]], "float64",
+        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference", path="math")
+
+    # Rotary position embeddings (MultiHeadAttentionOptions::rope): both layouts, partial,
+    # Llama 3.1's scaling, and with GQA, a window and a KV cache decoding in chunks.
+    add("rope_half_split_math", "MultiHeadAttention", mha(8, 16, 4, rope_theta=10000.0),
+        [[2, 11, 8]], "float64", forward=dict(backend="math"), path="math")
+    add("rope_interleaved_partial", "MultiHeadAttention",
+        mha(8, 24, 3, rope_theta=100.0, rotary_dim=4, rope_interleaved=True), [[2, 9, 8]],
+        forward=dict(backend="math"), path="math")
+    add("rope_llama3_gqa_window_decode", "MultiHeadAttention",
+        mha(8, 32, 4, num_kv_heads=2, sliding_window=7, rope_theta=500000.0,
+            llama3_scaling=[8.0, 1.0, 4.0, 16.0]), [[2, 40, 8]], "float64",
+        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference", path="math")
+    add("rope_window_chunked_T1024_float64", "MultiHeadAttention",
+        mha(8, 16, 4, num_kv_heads=2, context_length=1024, sliding_window=256,
+            rope_theta=10000.0, llama3_scaling=[8.0, 1.0, 4.0, 64.0]), [[1, 1024, 8]], "float64",
+        forward=dict(backend="chunked"), path="chunked_fused")
+
+    # Attention sinks (MultiHeadAttentionOptions::sinks, gpt-oss), with their gradient; with a
+    # window and padding, where some queries' every key is masked and the sink takes everything.
+    add("sinks_math", "MultiHeadAttention", mha(8, 16, 4, num_kv_heads=2, sinks=True),
+        [[2, 10, 8]], "float64", forward=dict(backend="math"), path="math")
+    add("sinks_window_padding_chunked_T1024_float64", "MultiHeadAttention",
+        mha(8, 16, 4, num_kv_heads=2, context_length=1024, sliding_window=128, sinks=True,
+            rope_theta=10000.0), [[2, 1024, 8]], "float64",
+        forward=dict(backend="chunked", key_padding_mask=True), path="chunked_fused")
 
     for i, case in enumerate(cases):
         case["seed"] = 123 if case["article"] else 1000 + i

@@ -5,10 +5,64 @@ W_key, W_value in that order), so that `torch.manual_seed(s)` gives the same wei
 C++. Every class is scriptable with torch.jit.script.
 """
 
-from typing import Optional
+import math
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
+
+
+def alibi_slopes(num_heads: int) -> List[float]:
+    """ALiBi's head slopes (Press et al., "Train Short, Test Long", 2022): for n heads, n a power
+    of two, the geometric sequence starting at 2^(-8/n) with that ratio; otherwise the slopes of
+    the closest power of two below, then every other slope of twice that many heads."""
+    def power_of_two(n):
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][: num_heads - closest]
+
+
+def rope_frequencies(rotary_dim: int, theta: float, llama3_scaling: List[float]) -> List[float]:
+    """RoPE's frequencies theta^(-2i/d) (Su et al., "RoFormer", 2021), i < d/2, optionally with
+    Llama 3.1's scaling [factor, low_freq_factor, high_freq_factor, original_context_length]:
+    wavelengths beyond original / low_freq_factor are stretched by factor, those below
+    original / high_freq_factor kept, and those between blended linearly."""
+    freqs = [theta ** (-i / rotary_dim) for i in range(0, rotary_dim, 2)]
+    if not llama3_scaling:
+        return freqs
+    factor, low, high, original = llama3_scaling
+    scaled = []
+    for f in freqs:
+        wavelength = 2 * math.pi / f
+        if wavelength < original / high:
+            scaled.append(f)
+        elif wavelength > original / low:
+            scaled.append(f / factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            scaled.append((1 - smooth) * f / factor + smooth * f)
+    return scaled
+
+
+def apply_rope(x, freqs: List[float], interleaved: bool):
+    """Rotates the first 2 * len(freqs) features of x (..., T, d) by position (0, 1, ...) x
+    frequency: pairs (i, i + r/2) as Llama's rotate_half, or (2i, 2i + 1) as GPT-J."""
+    half = len(freqs)
+    positions = torch.arange(x.shape[-2], device=x.device).to(torch.float64)
+    angles = positions[:, None] * torch.tensor(freqs, dtype=torch.float64, device=x.device)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    part, rest = x[..., : 2 * half], x[..., 2 * half:]
+    if interleaved:
+        x1, x2 = part[..., 0::2], part[..., 1::2]
+        out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+    else:
+        x1, x2 = part[..., :half], part[..., half:]
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.cat([out, rest], dim=-1)
 
 
 class SelfAttention(nn.Module):
@@ -95,11 +149,26 @@ class MultiHeadAttention(nn.Module):
     context) and a key padding mask (True = padding, masked out).
 
     Keys and values of a shared head are repeated for each query head of its group, the usual
-    grouped-query formulation (the C++ kernel folds the group instead of copying)."""
+    grouped-query formulation (the C++ kernel folds the group instead of copying).
+
+    The variants of later models, written out on whole score matrices: `sliding_window` W (each
+    query sees the W keys ending at its position; 0 = none), `softcap` (Gemma 2's
+    cap * tanh(scores / cap) on the scaled scores; 0 = none), `alibi` (-m_h * |i - j| added to
+    head h's scaled scores) and `top_left` (query i at position i; by default the queries are
+    the last of the keys' positions, bottom-right). Rotary embeddings: `rope_theta` > 0 rotates
+    the first `rotary_dim` features (0 = all) of every query and key head, pairs half-split or
+    `rope_interleaved`, frequencies scaled by `llama3_scaling` when given. Without any of them,
+    the book's code runs."""
+
+    alibi_slopes: List[float]
+    rope_freqs: List[float]
 
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
                  qkv_bias: bool = False, num_kv_heads: int = -1, causal: bool = True,
-                 d_in_kv: int = -1):
+                 d_in_kv: int = -1, sliding_window: int = 0, softcap: float = 0.0,
+                 alibi: bool = False, top_left: bool = False, rope_theta: float = 0.0,
+                 rotary_dim: int = 0, rope_interleaved: bool = False,
+                 llama3_scaling: Optional[List[float]] = None, sinks: bool = False):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
         if num_kv_heads < 0:
@@ -111,10 +180,25 @@ class MultiHeadAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = d_out // num_heads
         self.causal = causal
+        self.sliding_window = sliding_window
+        self.softcap = softcap
+        self.alibi_slopes = alibi_slopes(num_heads) if alibi else []
+        self.top_left = top_left
+        self.rope_freqs = []
+        if rope_theta > 0:
+            self.rope_freqs = rope_frequencies(rotary_dim or d_out // num_heads, rope_theta,
+                                               llama3_scaling or [])
+        self.rope_interleaved = rope_interleaved
+        self.variants = sliding_window > 0 or softcap > 0 or alibi or top_left or sinks
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in_kv, num_kv_heads * self.head_dim, bias=qkv_bias)
         self.W_value = nn.Linear(d_in_kv, num_kv_heads * self.head_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out)
+        # gpt-oss's sinks: a logit per head in every softmax normalizer, drawn after out_proj.
+        if sinks:
+            self.sinks = nn.Parameter(torch.randn(num_heads) * 0.02)
+        else:
+            self.register_parameter("sinks", None)
         self.dropout = nn.Dropout(dropout)
         self.register_buffer(
             "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
@@ -132,10 +216,18 @@ class MultiHeadAttention(nn.Module):
         keys = self.W_key(source).view(b, num_keys, self.num_kv_heads, self.head_dim)
         values = self.W_value(source).view(b, num_keys, self.num_kv_heads, self.head_dim)
         queries = queries.transpose(1, 2)
+        if len(self.rope_freqs) > 0:
+            queries = apply_rope(queries, self.rope_freqs, self.rope_interleaved)
+            keys = apply_rope(keys.transpose(1, 2), self.rope_freqs,
+                              self.rope_interleaved).transpose(1, 2)
         keys = keys.transpose(1, 2).repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
         values = values.transpose(1, 2).repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
 
         attn_scores = queries @ keys.transpose(2, 3)
+        if self.variants:
+            attn_weights = self.variant_weights(attn_scores, keys.shape[-1], key_padding_mask,
+                                                attn_mask)
+            return self.dropout(attn_weights), values
         if self.causal:
             mask_bool = self.mask.to(torch.bool)[:num_tokens, :num_keys]
             attn_scores.masked_fill_(mask_bool, float("-inf"))
@@ -146,6 +238,41 @@ class MultiHeadAttention(nn.Module):
         attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
         attn_weights = self.dropout(attn_weights)
         return attn_weights, values
+
+    def variant_weights(self, attn_scores, head_dim: int,
+                        key_padding_mask: Optional[torch.Tensor],
+                        attn_mask: Optional[torch.Tensor]):
+        """softmax of the scaled scores, capped, with ALiBi and every mask; query i sits at
+        position i + Tk - Tq (bottom-right) or i (top-left)."""
+        num_tokens, num_keys = attn_scores.shape[-2], attn_scores.shape[-1]
+        scores = attn_scores / head_dim ** 0.5
+        if self.softcap > 0:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
+        offset = 0 if self.top_left else num_keys - num_tokens
+        position = torch.arange(num_tokens, device=scores.device)[:, None] + offset
+        key = torch.arange(num_keys, device=scores.device)[None, :]
+        if len(self.alibi_slopes) > 0:
+            slopes = torch.tensor(self.alibi_slopes, dtype=torch.float64, device=scores.device)
+            distance = (position - key).abs().to(torch.float64)
+            scores = scores + (-slopes[:, None, None] * distance).to(scores.dtype)
+        hidden = torch.zeros(num_tokens, num_keys, dtype=torch.bool, device=scores.device)
+        if self.causal:
+            hidden = hidden | (key > position)
+        if self.sliding_window > 0:
+            hidden = hidden | (key <= position - self.sliding_window)
+            if not self.causal:
+                hidden = hidden | (key >= position + self.sliding_window)
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        if attn_mask is not None:
+            scores = scores.masked_fill(attn_mask, float("-inf"))
+        scores = scores.masked_fill(hidden, float("-inf"))
+        sinks = self.sinks
+        if sinks is not None:
+            # One more column per head, the sink's logit, dropped after the softmax.
+            column = sinks.view(1, -1, 1, 1).expand(scores.shape[0], -1, num_tokens, 1)
+            return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :num_keys]
+        return torch.softmax(scores, dim=-1)
 
     def forward(self, x, context: Optional[torch.Tensor] = None,
                 key_padding_mask: Optional[torch.Tensor] = None,

@@ -4,6 +4,9 @@
 #include "kernels/kernels.h"
 #include "kernels/problem.h"
 
+#include <cmath>
+#include <vector>
+
 namespace attention {
 namespace functional {
 namespace {
@@ -34,6 +37,9 @@ void check_supported(const kernels::Problem& p, Backend backend, const torch::Te
                 "for them");
     // LibTorch adds its masks to the scores, so a NaN score stays NaN where it is masked, and it
     // gives NaN where a query's scores are all -inf: both differ from the other backends.
+    TORCH_CHECK(!p.beyond_native(), p.caller,
+                ": the Native backend computes neither soft-capping, ALiBi nor attention sinks; "
+                "use Backend::Math, Chunked or Auto");
     TORCH_CHECK(!has_nonfinite(q) && !has_nonfinite(k), p.caller,
                 ": the Native backend cannot take non-finite queries or keys; use Backend::Math "
                 "or Chunked");
@@ -70,6 +76,21 @@ AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const
 
 }  // namespace
 
+torch::Tensor alibi_slopes(int64_t num_heads) {
+  TORCH_CHECK_VALUE(num_heads > 0,
+                    "attention::functional::alibi_slopes: expected num_heads > 0, got ", num_heads);
+  // The largest power of two n <= num_heads gets 2^(-8k/n), k = 1..n; the remaining heads take
+  // the odd-numbered slopes 2^(-4k/n), k = 1, 3, 5, ... of the sequence for 2n heads.
+  int64_t n = 1;
+  while (2 * n <= num_heads) n *= 2;
+  std::vector<double> slopes;
+  for (int64_t k = 1; k <= n; ++k) slopes.push_back(std::pow(2.0, -8.0 * k / n));
+  for (int64_t k = 1; static_cast<int64_t>(slopes.size()) < num_heads; k += 2) {
+    slopes.push_back(std::pow(2.0, -4.0 * k / n));
+  }
+  return torch::tensor(slopes, torch::kDouble);
+}
+
 Path last_path() {
   return last;
 }
@@ -87,6 +108,7 @@ torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor&
   const auto p =
       kernels::make_projected_problem(x_q, x_kv, W_query, W_key, W_value, options, kProjected);
   const bool plain = !p.mask.defined() && p.dropout_p == 0.0 && !p.need_weights &&
+                     !p.beyond_native() && !p.bounded_left() && p.window_right < 0 &&
                      p.backend == Backend::Auto && !p.needs_grad;
   if (plain && kernels::tiny_applies(x_q, x_kv, W_query, W_key, W_value)) {
     last = Path::Direct;

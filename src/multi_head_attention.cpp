@@ -1,7 +1,9 @@
 #include <attention/multi_head_attention.h>
 
 #include "detail.h"
+#include "rotary_cache.h"
 
+#include <cmath>
 #include <limits>
 
 namespace attention {
@@ -44,6 +46,13 @@ void MultiHeadAttentionImpl::reset() {
                     o.context_length());
   TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, kName,
                     ": expected dropout in [0, 1), got ", o.dropout());
+  TORCH_CHECK_VALUE(!o.sliding_window() || *o.sliding_window() >= 1, kName,
+                    ": expected sliding_window >= 1 (unset for none), got ", *o.sliding_window());
+  TORCH_CHECK_VALUE(!o.softcap() || (std::isfinite(*o.softcap()) && *o.softcap() > 0.0), kName,
+                    ": expected a finite softcap > 0 (unset for none), got ", *o.softcap());
+  rotary_ = o.rope() ? std::make_shared<detail::RotaryCache>(
+                           detail::resolve_rotary(*o.rope(), head_dim(), kName))
+                     : nullptr;
   const int64_t kv_dim = o.num_kv_heads() * head_dim();
   using torch::nn::LinearOptions;
   W_query = register_module(
@@ -56,6 +65,22 @@ void MultiHeadAttentionImpl::reset() {
     out_proj = register_module(
         "out_proj", torch::nn::Linear(LinearOptions(o.d_out(), o.d_out()).bias(o.out_bias())));
   }
+  // Drawn after out_proj, so that the other parameters keep the book's seeded values.
+  sinks = o.sinks() ? register_parameter("sinks", torch::randn({o.num_heads()}) * 0.02)
+                    : torch::Tensor();
+}
+
+functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
+    functional::ScaledDotProductAttentionOptions attention) const {
+  const auto& o = options;
+  attention.causal_alignment(o.causal_alignment()).softcap(o.softcap());
+  if (o.sliding_window()) {
+    attention.window_left(*o.sliding_window() - 1);
+    if (!o.causal()) attention.window_right(*o.sliding_window() - 1);
+  }
+  if (o.alibi()) attention.alibi_slopes(functional::alibi_slopes(o.num_heads()));
+  if (sinks.defined()) attention.sinks(sinks);
+  return attention;
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -64,7 +89,21 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
          << ", num_heads=" << o.num_heads() << ", num_kv_heads=" << o.num_kv_heads()
          << ", context_length=" << o.context_length() << ", dropout=" << o.dropout()
          << ", qkv_bias=" << std::boolalpha << o.qkv_bias() << ", out_bias=" << o.out_bias()
-         << ", causal=" << o.causal() << ", d_in_kv=" << o.d_in_kv() << ")";
+         << ", causal=" << o.causal() << ", d_in_kv=" << o.d_in_kv();
+  if (o.causal_alignment() == functional::CausalAlignment::TopLeft) {
+    stream << ", causal_alignment=TopLeft";
+  }
+  if (o.sliding_window()) stream << ", sliding_window=" << *o.sliding_window();
+  if (o.softcap()) stream << ", softcap=" << *o.softcap();
+  if (o.alibi()) stream << ", alibi=true";
+  if (o.sinks()) stream << ", sinks=true";
+  if (rotary_) {
+    const auto& r = rotary_->options();
+    stream << ", rope(theta=" << r.theta() << ", rotary_dim=" << r.rotary_dim() << ", layout="
+           << (r.layout() == functional::RotaryLayout::HalfSplit ? "HalfSplit" : "Interleaved")
+           << (r.llama3_scaling() ? ", llama3_scaling" : "") << ")";
+  }
+  stream << ")";
 }
 
 functional::AttentionOutput MultiHeadAttentionImpl::forward(
@@ -95,6 +134,16 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   auto values = detail::project(W_value, source, &workspace_, kValue)
                     .view({B, source.size(1), H_kv, hd})
                     .transpose(1, 2);
+  if (rotary_) {
+    TORCH_CHECK_VALUE(!forward_options.context().defined(), kName,
+                      ": rotary embeddings need queries and keys of one sequence; got a context "
+                      "(cross-attention): use a module without rope for it");
+    // After a cache's tokens, the new ones continue their positions.
+    const int64_t past = forward_options.kv_cache() ? forward_options.kv_cache()->length() : 0;
+    auto [cos, sin] = rotary_->rows(past, t_q, queries.scalar_type(), queries.device());
+    queries = detail::rotate(queries, cos, sin, rotary_->options().layout());
+    keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
+  }
   if (forward_options.kv_cache()) {
     std::tie(keys, values) = forward_options.kv_cache()->append(keys, values);
   }
@@ -124,12 +173,13 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
 
   auto attention = functional::scaled_dot_product_attention(
       queries, keys, values,
-      functional::ScaledDotProductAttentionOptions()
-          .attn_mask(combine_masks(attn_mask, padding.defined() ? batched(padding) : padding))
-          .is_causal(options.causal())
-          .dropout_p(is_training() ? options.dropout() : 0.0)
-          .need_weights(forward_options.need_weights())
-          .backend(forward_options.backend()));
+      variants(
+          functional::ScaledDotProductAttentionOptions()
+              .attn_mask(combine_masks(attn_mask, padding.defined() ? batched(padding) : padding))
+              .is_causal(options.causal())
+              .dropout_p(is_training() ? options.dropout() : 0.0)
+              .need_weights(forward_options.need_weights())
+              .backend(forward_options.backend())));
 
   auto context_vec = attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()});
   auto output = out_proj ? out_proj(context_vec) : context_vec;

@@ -122,6 +122,30 @@ std::vector<BadInput> cases() {
       {"MHA: negative context_length",
        [] { attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).context_length(-1)); },
        Kind::Value, "expected context_length >= 0, got -1"},
+      {"MHA: odd rotary_dim",
+       [] {
+         attention::MultiHeadAttention(
+             MultiHeadAttentionOptions(8, 8, 2).rope(F::RotaryOptions().rotary_dim(3)));
+       },
+       Kind::Value,
+       "attention::MultiHeadAttention: expected an even rotary_dim in [2, 4] (the head size; 0 for "
+       "all of it), got 3"},
+      {"MHA: rope with a context",
+       [] {
+         auto m = attention::MultiHeadAttention(
+             MultiHeadAttentionOptions(8, 8, 2).causal(false).rope(F::RotaryOptions()));
+         m(torch::randn({1, 3, 8}),
+           MultiHeadAttentionForwardOptions().context(torch::randn({1, 4, 8})));
+       },
+       Kind::Value, "rotary embeddings need queries and keys of one sequence; got a context"},
+      {"MHA: sliding_window 0",
+       [] { attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).sliding_window(0)); },
+       Kind::Value,
+       "attention::MultiHeadAttention: expected sliding_window >= 1 (unset for none), got 0"},
+      {"MHA: negative softcap",
+       [] { attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).softcap(-50.0)); },
+       Kind::Value,
+       "attention::MultiHeadAttention: expected a finite softcap > 0 (unset for none), got -50"},
       {"MHA: T beyond context_length", fwd(mha, torch::randn({2, 7, 8})), Kind::Value,
        "expected at most context_length = 6 keys, got 7"},
       {"MHA: feature size", mha_fwd(mha, torch::randn({2, 5, 7}), {}), Kind::Value,
@@ -192,6 +216,75 @@ std::vector<BadInput> cases() {
        "expected dropout_p in [0, 1), got 1"},
       {"sdpa: block_size", sdpa(q, k, v, O().block_size(-4)), Kind::Value,
        "expected block_size > 0, got -4"},
+      {"sdpa: negative window_left", sdpa(q, k, v, O().window_left(-1)), Kind::Value,
+       "attention::functional::scaled_dot_product_attention: expected window_left >= 0 (unset "
+       "for no bound), got -1"},
+      {"sdpa: negative window_right", sdpa(q, k, v, O().window_right(-3)), Kind::Value,
+       "expected window_right >= 0 (unset for no bound), got -3"},
+      {"sdpa: softcap 0", sdpa(q, k, v, O().softcap(0.0)), Kind::Value,
+       "expected a finite softcap > 0 (unset for none), got 0"},
+      {"sdpa: infinite softcap", sdpa(q, k, v, O().softcap(INFINITY)), Kind::Value,
+       "expected a finite softcap > 0 (unset for none), got inf"},
+      {"sdpa: alibi slopes per key/value head", sdpa(q, k, v, O().alibi_slopes(torch::ones({3}))),
+       Kind::Value, "expected alibi_slopes of shape (2,), one per query head, got (3,)"},
+      {"sdpa: integer alibi slopes",
+       sdpa(q, k, v, O().alibi_slopes(torch::ones({2}, torch::kLong))), Kind::Type,
+       "expected floating-point alibi_slopes, got Long"},
+      {"sdpa: NaN alibi slope", sdpa(q, k, v, O().alibi_slopes(torch::full({2}, NAN))), Kind::Value,
+       "expected finite alibi_slopes, got nan"},
+      {"sdpa: soft-capping on Native", sdpa(q, k, v, O().softcap(30.0).backend(F::Backend::Native)),
+       Kind::Other,
+       "the Native backend computes neither soft-capping, ALiBi nor attention sinks; use "
+       "Backend::Math, Chunked or Auto"},
+      {"sdpa: sinks per key/value head", sdpa(q, k, v, O().sinks(torch::zeros({1}))), Kind::Value,
+       "expected sinks of shape (2,), one per query head, got (1,)"},
+      {"sdpa: sinks of another dtype", sdpa(q, k, v, O().sinks(torch::zeros({2}, torch::kDouble))),
+       Kind::Type, "expected sinks of dtype Float (the queries'), got Double"},
+      {"sdpa: infinite sink", sdpa(q, k, v, O().sinks(torch::full({2}, INFINITY))), Kind::Value,
+       "expected finite sinks"},
+      {"apply_rotary: odd rotary_dim",
+       [] {
+         F::apply_rotary(torch::randn({5, 8}), torch::arange(5), F::RotaryOptions().rotary_dim(3));
+       },
+       Kind::Value,
+       "attention::functional::apply_rotary: expected an even rotary_dim in [2, 8] (the head "
+       "size; 0 for all of it), got 3"},
+      {"apply_rotary: rotary_dim beyond the head",
+       [] {
+         F::apply_rotary(torch::randn({5, 8}), torch::arange(5), F::RotaryOptions().rotary_dim(10));
+       },
+       Kind::Value,
+       "expected an even rotary_dim in [2, 8] (the head size; 0 for all of it), got 10"},
+      {"apply_rotary: theta 0",
+       [] {
+         F::apply_rotary(torch::randn({5, 8}), torch::arange(5), F::RotaryOptions().theta(0.0));
+       },
+       Kind::Value, "expected a finite rotary theta > 0, got 0"},
+      {"apply_rotary: positions per token",
+       [] {
+         F::apply_rotary(torch::randn({2, 5, 8}), torch::arange(6));
+       },
+       Kind::Value, "expected positions (5,), one per token of x (2, 5, 8), got (6,)"},
+      {"apply_rotary: float positions",
+       [] {
+         F::apply_rotary(torch::randn({5, 8}), torch::rand({5}));
+       },
+       Kind::Type, "expected integer positions, got Float"},
+      {"apply_rotary: integer x",
+       [] {
+         F::apply_rotary(torch::ones({5, 8}, torch::kLong), torch::arange(5));
+       },
+       Kind::Type, "expected floating-point x, got Long"},
+      {"apply_rotary: llama3 frequency factors reversed",
+       [] {
+         F::apply_rotary(torch::randn({5, 8}), torch::arange(5),
+                         F::RotaryOptions().llama3_scaling(
+                             F::Llama3RopeScaling().low_freq_factor(4.0).high_freq_factor(1.0)));
+       },
+       Kind::Value,
+       "expected llama3_scaling with 0 < low_freq_factor < high_freq_factor, got 4 and 1"},
+      {"alibi_slopes: no heads", [] { F::alibi_slopes(0); }, Kind::Value,
+       "attention::functional::alibi_slopes: expected num_heads > 0, got 0"},
       {"sdpa: weights from Chunked",
        sdpa(q, k, v, O().need_weights(true).backend(F::Backend::Chunked)), Kind::Other,
        "the Chunked backend computes neither attention weights nor dropout"},

@@ -4,9 +4,8 @@
 
 #include <attention/functional.h>
 
+#include "chunked_kernels.h"
 #include "helpers.h"
-#include "kernels/chunked.h"
-#include "kernels/problem.h"
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -21,36 +20,9 @@ using Options = F::ScaledDotProductAttentionOptions;
 
 namespace {
 
-struct Grads {
-  torch::Tensor q, k, v;
-};
-
-// The gradients of q, k and v for `upstream` through the Math backend (autograd).
-Grads math_grads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                 Options options, const torch::Tensor& upstream) {
-  auto q1 = q.detach().clone().requires_grad_(), k1 = k.detach().clone().requires_grad_(),
-       v1 = v.detach().clone().requires_grad_();
-  F::scaled_dot_product_attention(q1, k1, v1, options.backend(Backend::Math))
-      .output.backward(upstream);
-  return {q1.grad(), k1.grad(), v1.grad()};
-}
-
-// The gradients from one of the Chunked kernels: the fused CPU forward and backward, or the
-// device-generic tiles.
-Grads chunked_grads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                    const Options& options, const torch::Tensor& upstream, bool fused) {
-  auto p = K::make_problem(q, k, v, options, "test");
-  p.mask = p.expanded_mask();
-  auto [out, lse] = fused ? K::cpu_forward(p, q, k, v) : K::tiles_forward_with_lse(p, q, k, v);
-  auto [dq, dk, dv] = fused ? K::cpu_backward(p, q, k, v, out, lse, upstream)
-                            : K::tiles_backward_with_lse(p, q, k, v, out, lse, upstream);
-  return {dq, dk, dv};
-}
-
-double worst(const Grads& a, const Grads& b) {
-  return std::max(
-      {test::max_abs_diff(a.q, b.q), test::max_abs_diff(a.k, b.k), test::max_abs_diff(a.v, b.v)});
-}
+using test::chunked_grads;
+using test::math_grads;
+using test::worst;
 
 // Runs `body` with LibTorch's intra-op pool at `threads` threads, then restores it.
 template <typename Body>

@@ -12,6 +12,7 @@
 #include <attention/kv_cache.h>
 #include <attention/multi_head_attention.h>
 #include <attention/multi_head_attention_wrapper.h>
+#include <attention/rotary.h>
 #include <attention/safetensors.h>
 #include <attention/self_attention.h>
 #include <attention/version.h>

@@ -51,6 +51,16 @@ ATTENTION_API Path last_path();
 /// Auto picks Chunked when the scores (..., H, Tq, Tk) would hold at least this many elements.
 constexpr int64_t kAutoChunkedScores = int64_t{1} << 20;
 
+/// Where the causal diagonal (and a sliding window, and ALiBi's distances) sit when Tq != Tk.
+enum class CausalAlignment {
+  /// The queries are the last Tq of the Tk positions: query i is at position i + Tk - Tq, as when
+  /// new tokens attend to a KV cache (flash-attn's convention, and this library's default).
+  BottomRight,
+  /// Query i is at position i: PyTorch's `F.scaled_dot_product_attention(is_causal=True)` and
+  /// `torch.tril(torch.ones(Tq, Tk))`.
+  TopLeft,
+};
+
 /// Options of scaled_dot_product_attention().
 ///
 /// Mask convention, the same everywhere in this library: in a **bool** mask `true` means
@@ -61,8 +71,30 @@ struct ScaledDotProductAttentionOptions {
   /// Bool (true = masked out) or additive float mask, broadcastable to (..., H, Tq, Tk).
   TORCH_ARG(torch::Tensor, attn_mask) = {};
   /// Hides keys after each query. With Tq != Tk the queries are the last Tq positions of the
-  /// Tk keys, as when new tokens attend to a KV cache.
+  /// Tk keys, as when new tokens attend to a KV cache (see causal_alignment).
   TORCH_ARG(bool, is_causal) = false;
+  /// The position of query i among the keys: i + Tk - Tq (BottomRight, default) or i (TopLeft).
+  /// It places the causal diagonal, the sliding window and ALiBi's distances.
+  TORCH_ARG(CausalAlignment, causal_alignment) = CausalAlignment::BottomRight;
+  /// Sliding window: the query at position i sees no key j < i - window_left (flash-attn's
+  /// `window_size[0]`). A window of W keys ending at the query itself, as the `sliding_window`
+  /// of Mistral's and Gemma's configurations, is window_left = W - 1 with is_causal. Unset: no
+  /// bound; must be >= 0.
+  TORCH_ARG(c10::optional<int64_t>, window_left) = c10::nullopt;
+  /// The query at position i sees no key j > i + window_right (flash-attn's `window_size[1]`);
+  /// with is_causal the bound is i whatever this holds. Unset: no bound; must be >= 0.
+  TORCH_ARG(c10::optional<int64_t>, window_right) = c10::nullopt;
+  /// ALiBi: one slope m_h per query head (H,), adding -m_h * |pos(i) - j| to the scaled scores of
+  /// head h (Press et al.; flash-attn's `alibi_slopes`). See alibi_slopes() for the standard ones.
+  /// Constants: no gradient flows to them.
+  TORCH_ARG(torch::Tensor, alibi_slopes) = {};
+  /// Logit soft-capping, as Gemma 2: the scaled scores s become softcap * tanh(s / softcap)
+  /// before ALiBi and the masks are added. Unset: none; must be finite and > 0.
+  TORCH_ARG(c10::optional<double>, softcap) = c10::nullopt;
+  /// Attention sinks as gpt-oss: one finite logit per query head (H,), of the queries' dtype and
+  /// device, that joins each query's softmax normalizer as a key without a value:
+  /// out_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(sink_h)). Differentiable.
+  TORCH_ARG(torch::Tensor, sinks) = {};
   /// Multiplies the scores; when unset they are divided by sqrt(d), as in the article.
   TORCH_ARG(c10::optional<double>, scale) = c10::nullopt;
   /// Dropout probability on the attention weights. Applied whenever > 0: modules pass 0 in
@@ -76,6 +108,21 @@ struct ScaledDotProductAttentionOptions {
   /// longer sequence and to 2048 (a thread's tile of scores stays within 16 MiB in float).
   TORCH_ARG(int64_t, block_size) = 256;
 };
+
+/// ALiBi's standard slopes for `num_heads` heads (float64, (num_heads,)): the geometric sequence
+/// 2^(-8/n), 2^(-16/n), ... for n = num_heads a power of two; otherwise those of the largest
+/// power of two n below num_heads, followed by every other slope of 2n (as the ALiBi paper's
+/// code and Hugging Face's `build_alibi_tensor` compute them).
+///
+/// Example:
+/// \code
+/// namespace F = attention::functional;
+/// torch::Tensor q = torch::randn({1, 8, 512, 64}), k = torch::randn({1, 8, 512, 64});
+/// auto out = F::scaled_dot_product_attention(
+///     q, k, k, F::ScaledDotProductAttentionOptions().is_causal(true).alibi_slopes(
+///                  F::alibi_slopes(8).to(torch::kFloat)));
+/// \endcode
+ATTENTION_API torch::Tensor alibi_slopes(int64_t num_heads);
 
 /// What scaled_dot_product_attention() returns.
 struct AttentionOutput {

@@ -6,6 +6,7 @@
 #include <attention/export.h>
 #include <attention/functional.h>
 #include <attention/kv_cache.h>
+#include <attention/rotary.h>
 #include <attention/weights.h>
 #include <attention/workspace.h>
 
@@ -17,11 +18,16 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
 namespace attention {
+
+namespace detail {
+class RotaryCache;
+}  // namespace detail
 
 /// Options of MultiHeadAttention.
 struct MultiHeadAttentionOptions {
@@ -57,6 +63,28 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(bool, causal) = true;
   /// Feature size of `context` for cross-attention (default d_in).
   TORCH_ARG(int64_t, d_in_kv);
+  /// Where the causal diagonal, the window and ALiBi's distances sit when there are fewer queries
+  /// than keys (see functional::CausalAlignment; default BottomRight, right for a KV cache).
+  TORCH_ARG(functional::CausalAlignment,
+            causal_alignment) = functional::CausalAlignment::BottomRight;
+  /// Sliding-window attention as Mistral's and Gemma's `sliding_window`: each query sees at most
+  /// the W keys that end at its own position (without causal, also W - 1 keys after it). Unset:
+  /// no window; must be >= 1.
+  TORCH_ARG(c10::optional<int64_t>, sliding_window) = c10::nullopt;
+  /// Attention-logit soft-capping as Gemma 2's `attn_logit_softcapping`: scaled scores s become
+  /// softcap * tanh(s / softcap). Unset: none; must be finite and > 0.
+  TORCH_ARG(c10::optional<double>, softcap) = c10::nullopt;
+  /// Rotary position embeddings on the queries and keys of every head (Llama, Qwen, Gemma,
+  /// GPT-NeoX, GPT-J: see functional::RotaryOptions); positions continue after a KV cache's
+  /// length, so decoding token by token equals one forward. Not with `context`. Unset: none.
+  TORCH_ARG(c10::optional<functional::RotaryOptions>, rope) = c10::nullopt;
+  /// Attention sinks as gpt-oss: a learned logit per query head, the parameter `sinks`
+  /// (num_heads,), in every query's softmax normalizer (see functional::
+  /// ScaledDotProductAttentionOptions::sinks). Initialized N(0, 0.02^2) after out_proj.
+  TORCH_ARG(bool, sinks) = false;
+  /// ALiBi with the standard slopes of num_heads heads (functional::alibi_slopes), as BLOOM and
+  /// MPT; such models have no position embeddings of their own.
+  TORCH_ARG(bool, alibi) = false;
 };
 
 /// Per-call options of MultiHeadAttention::forward.
@@ -153,13 +181,22 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   torch::nn::Linear W_value{nullptr};
   /// Output projection, d_out -> d_out (empty with `output_projection(false)`).
   torch::nn::Linear out_proj{nullptr};
+  /// The attention sinks' logits (num_heads,), with `sinks(true)`; undefined otherwise.
+  torch::Tensor sinks;
 
  protected:
   // So that AnyModule (and what holds one) can call forward(x) alone.
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(MultiHeadAttentionForwardOptions())})
 
  private:
+  /// `attention` with this module's variants: alignment, window, soft-capping, ALiBi.
+  functional::ScaledDotProductAttentionOptions variants(
+      functional::ScaledDotProductAttentionOptions attention) const;
+
   Workspace workspace_;
+  /// The rotary embedding's cos and sin tables (shared by clones: they depend on the options
+  /// only, and reset() makes new ones).
+  std::shared_ptr<detail::RotaryCache> rotary_;
 };
 
 TORCH_MODULE(MultiHeadAttention);

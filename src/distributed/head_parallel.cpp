@@ -11,6 +11,8 @@
 #include <torch/nn/functional/linear.h>
 #include <torch/torch.h>
 
+#include <cstring>
+
 namespace attention {
 namespace distributed {
 namespace {
@@ -62,6 +64,13 @@ class LeaveHeads : public torch::autograd::Function<LeaveHeads> {
   }
 };
 
+// The soft-cap's bits, for comparing options across ranks exactly (0 when unset).
+int64_t softcap_bits(const c10::optional<double>& softcap) {
+  int64_t bits = 0;
+  if (softcap) std::memcpy(&bits, &*softcap, sizeof bits);
+  return bits;
+}
+
 // Rows [r * n, (r + 1) * n) of `t` (dim 0) or columns (dim 1): rank r's heads.
 Tensor share(const Tensor& t, int64_t dim, const Group& group) {
   const int64_t n = t.size(dim) / group.size();
@@ -76,9 +85,12 @@ HeadParallelMultiHeadAttentionImpl::HeadParallelMultiHeadAttentionImpl(
   const auto& o = options;
   group.check_same(
       {o.d_in(), o.d_out(), o.num_heads(), o.num_kv_heads(), o.d_in_kv(), o.context_length(),
-       o.qkv_bias(), o.out_bias(), o.output_projection(), o.causal()},
-      "module options (d_in, d_out, num_heads, num_kv_heads, d_in_kv, "
-      "context_length, qkv_bias, out_bias, output_projection, causal)",
+       o.qkv_bias(), o.out_bias(), o.output_projection(), o.causal(),
+       static_cast<int64_t>(o.causal_alignment()), o.sliding_window().value_or(0),
+       softcap_bits(o.softcap()), o.alibi(), o.sinks(), o.rope().has_value()},
+      "module options (d_in, d_out, num_heads, num_kv_heads, d_in_kv, context_length, qkv_bias, "
+      "out_bias, output_projection, causal, causal_alignment, sliding_window, softcap, alibi, "
+      "sinks, rope)",
       kName);
   reset();
 }
@@ -91,6 +103,9 @@ void HeadParallelMultiHeadAttentionImpl::reset() {
                     kName, ": expected the ", w,
                     " ranks to divide num_heads and num_kv_heads, got num_heads ", o.num_heads(),
                     " and num_kv_heads ", o.num_kv_heads());
+  TORCH_CHECK_VALUE(!o.alibi() && !o.sinks(), kName,
+                    ": ALiBi and attention sinks are not split across ranks (each rank's heads "
+                    "would need their share of the slopes or sinks); use neither here");
   TORCH_CHECK_VALUE(o.output_projection(), kName,
                     ": expected a module with an output projection (output_projection(true)); "
                     "without one the heads' outputs are concatenated, not summed");
@@ -105,6 +120,10 @@ void HeadParallelMultiHeadAttentionImpl::reset() {
                    .dropout(o.dropout())
                    .qkv_bias(o.qkv_bias())
                    .causal(o.causal())
+                   .causal_alignment(o.causal_alignment())
+                   .sliding_window(o.sliding_window())
+                   .softcap(o.softcap())
+                   .rope(o.rope())
                    .output_projection(false);
   heads = MultiHeadAttention(local);
   // The heads' projections are this module's own parameters, under the full module's names.

@@ -48,13 +48,33 @@ std::vector<Tensor> head_masks(const Problem& p, int64_t n) {
   return masks;
 }
 
-// Applies the user's and the causal mask to a tile of scores (nc, G * bq, bk) in place; `masks`
-// holds the user's masks of the tile's nc key/value heads, G each. The causal mask comes last, so
-// that what a float mask holds at a hidden position (NaN, +inf) stays hidden, as in every backend.
-void mask_tile(const Problem& p, const std::vector<Tensor>& masks, Tensor& scores, int64_t i0,
-               int64_t bq, int64_t j0, int64_t bk) {
-  const int64_t offset = p.causal_offset;
+// Soft-capping of a tile of scaled scores, in place. Returns 1 - tanh^2, the derivative of the
+// capped scores, when `derivative` (for the backward); undefined otherwise or without capping.
+Tensor cap_tile(const Problem& p, Tensor& scores, bool derivative) {
+  if (p.softcap <= 0.0) return {};
+  scores.div_(p.softcap).tanh_();
+  Tensor slope = derivative ? 1 - scores.square() : Tensor();
+  scores.mul_(p.softcap);
+  return slope;
+}
+
+// Applies ALiBi, the user's mask, causality and the window to a tile of scores (nc, G * bq, bk)
+// of key/value heads [n0, n0 + nc) in place; `masks` holds the user's masks of those heads, G
+// each. The hidden keys come last, so that what a float mask holds at a hidden position (NaN,
+// +inf) stays hidden, as in every backend.
+void mask_tile(const Problem& p, int64_t n0, const std::vector<Tensor>& masks, Tensor& scores,
+               int64_t i0, int64_t bq, int64_t j0, int64_t bk) {
   auto by_head = scores.view({-1, bq, bk});
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(scores.device());
+  // Positions of the tile's queries (column) and keys (row).
+  const auto positions = torch::arange(i0 + p.query_offset, i0 + p.query_offset + bq, opts);
+  const auto keys = torch::arange(j0, j0 + bk, opts);
+  if (!p.alibi.empty()) {
+    const auto distance = (positions.unsqueeze(1) - keys.unsqueeze(0)).abs_().to(scores.dtype());
+    for (int64_t g = 0; g < by_head.size(0); ++g) {
+      by_head[g].sub_(distance * p.alibi[(n0 * p.g + g) % p.heads]);
+    }
+  }
   for (int64_t g = 0; g < static_cast<int64_t>(masks.size()); ++g) {
     auto tile = masks[g].narrow(0, i0, bq).narrow(1, j0, bk);
     if (tile.scalar_type() == at::kBool) {
@@ -63,11 +83,13 @@ void mask_tile(const Problem& p, const std::vector<Tensor>& masks, Tensor& score
       by_head[g].add_(tile);
     }
   }
-  if (p.causal && j0 + bk - 1 > i0 + offset) {
-    auto opts = torch::TensorOptions().dtype(torch::kLong).device(scores.device());
-    auto hidden = torch::arange(j0, j0 + bk, opts).unsqueeze(0) >
-                  torch::arange(i0 + offset, i0 + offset + bq, opts).unsqueeze(1);
-    by_head.masked_fill_(hidden, -kInf);
+  const int64_t shift = p.bounded_right() ? p.diagonal() - p.query_offset : 0;
+  if (p.bounded_right() && j0 + bk - 1 > i0 + p.diagonal()) {
+    by_head.masked_fill_(keys.unsqueeze(0) > (positions + shift).unsqueeze(1), -kInf);
+  }
+  const int64_t reach = p.query_offset - p.left_diagonal();  // window_left
+  if (p.bounded_left() && j0 < i0 + bq - 1 + p.left_diagonal()) {
+    by_head.masked_fill_(keys.unsqueeze(0) < (positions - reach).unsqueeze(1), -kInf);
   }
 }
 
@@ -113,11 +135,12 @@ void forward_tile(const Problem& p, int64_t n0, int64_t nc, int64_t i0,
   const auto k_n = k.narrow(0, n0, nc), v_n = v.narrow(0, n0, nc);
 
   const int64_t end = keys_end(p, i0, bq);
-  for (int64_t j0 = 0; j0 < end; j0 += p.block) {
+  for (int64_t j0 = keys_begin(p, i0); j0 < end; j0 += p.block) {
     const int64_t bk = std::min(p.block, end - j0);
     auto s = front(b.s, {nc, rows, bk});
     at::bmm_out(s, q_rows, k_n.narrow(1, j0, bk).transpose(1, 2));
-    mask_tile(p, masks, s, i0, bq, j0, bk);
+    cap_tile(p, s, false);
+    mask_tile(p, n0, masks, s, i0, bq, j0, bk);
     at::amax_out(row, s, {-1}, /*keepdim=*/true);
     at::maximum_out(m_new, m, row);
     // Rows with every key masked so far keep a maximum of -inf; subtracting 0 instead keeps
@@ -189,12 +212,13 @@ std::tuple<Tensor, Tensor, Tensor> backward_blocks(const Problem& p, const Tenso
       auto delta_blk = delta.narrow(0, n0, count).narrow(2, i0, bq).reshape({count, rows, 1});
       auto dq_acc = front(b.acc, {count, rows, p.d}).zero_();
       const int64_t end_k = keys_end(p, i0, bq);
-      for (int64_t j0 = 0; j0 < end_k; j0 += p.block) {
+      for (int64_t j0 = keys_begin(p, i0); j0 < end_k; j0 += p.block) {
         const int64_t bk = std::min(p.block, end_k - j0);
         auto k_blk = k_n.narrow(1, j0, bk), v_blk = v_n.narrow(1, j0, bk);
         auto probs = front(b.s, {count, rows, bk});
         at::bmm_out(probs, q_rows, k_blk.transpose(1, 2));
-        mask_tile(p, masks, probs, i0, bq, j0, bk);
+        const Tensor cap_slope = cap_tile(p, probs, true);
+        mask_tile(p, n0, masks, probs, i0, bq, j0, bk);
         // A hidden key gets probability and score gradient 0 even in a row whose log-sum-exp
         // and delta are NaN (a NaN score it sees): exp(-inf - NaN) and 0 * NaN would spread
         // that NaN to the gradients of keys the row never saw, as Math's masked_fill does not.
@@ -204,6 +228,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_blocks(const Problem& p, const Tenso
         auto ds = front(ds_buf, {count, rows, bk});
         at::bmm_out(ds, g_rows, v_blk.transpose(1, 2));
         ds.sub_(delta_blk).mul_(probs).masked_fill_(hidden, 0.0);  // delta is NaN there too
+        if (cap_slope.defined()) ds.mul_(cap_slope);  // through softcap * tanh(s / softcap)
         dq_acc.baddbmm_(ds, k_blk);
         dk_n.narrow(1, j0, bk).baddbmm_(ds.transpose(1, 2), q_rows);
       }
@@ -259,20 +284,71 @@ std::tuple<Tensor, Tensor, Tensor> backward_with_lse(const Problem& p, const Ten
 
 namespace {
 
+// The query head of each flattened query matrix (N * G,): the heads are the last leading dim.
+Tensor head_of_matrices(const Problem& p, const at::Device& device) {
+  return torch::arange(p.n * p.g, torch::TensorOptions().dtype(torch::kLong).device(device))
+      .remainder_(p.heads);
+}
+
+// Attention sinks: each query's normalizer gains exp(sink) of its head. The log-sum-exp becomes
+// logaddexp(lse, sink) (a query that sees no key, lse = +inf by convention, gets the sink's) and
+// the output shrinks by exp(lse - new lse), in place.
+Tensor add_sinks(const Problem& p, Tensor& out, const Tensor& lse, const Tensor& sinks) {
+  const auto sink = sinks.to(lse.scalar_type())
+                        .index_select(0, head_of_matrices(p, lse.device()))
+                        .view({p.n, p.g, 1});
+  const auto seen = lse.masked_fill(lse == std::numeric_limits<double>::infinity(), -kInf);
+  const auto with_sink = torch::logaddexp(seen, sink);
+  auto shape = out.sizes().vec();
+  shape.back() = 1;
+  out.mul_((seen - with_sink).exp_().view(shape));
+  return with_sink;
+}
+
+// The gradient of the sinks: d out_i / d sink_h = -p_sink,i * out_i, so each query adds
+// -exp(sink - lse_i) * delta_i (delta_i = grad_out_i . out_i) to its head's sink.
+Tensor sink_gradient(const Problem& p, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                     const Tensor& sinks) {
+  const auto dtype = lse.scalar_type();
+  const auto heads = head_of_matrices(p, lse.device());
+  const auto delta = (grad_out.to(dtype) * out.to(dtype)).sum(-1).reshape({p.n, p.g, p.t_q});
+  const auto sink = sinks.to(dtype).index_select(0, heads).view({p.n, p.g, 1});
+  const auto per_matrix = ((sink - lse).exp() * delta).sum(-1).neg().reshape({p.n * p.g});
+  return torch::zeros({p.heads}, lse.options())
+      .index_add_(0, heads, per_matrix)
+      .to(sinks.scalar_type());
+}
+
 // Saves the unscaled queries and the keys and values as given; the flattened, contiguous
 // (N, G, T, d) copies that the generic tiles need are made in backward only.
 class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
  public:
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Problem& problem) {
+                        const Tensor& v, const Tensor& sinks, const Problem& problem) {
+    // Without sinks, `sinks` is an empty placeholder (LibTorch's autograd takes no undefined
+    // inputs).
+    const bool with_sinks = problem.sinks.defined();
     auto [out, lse] = forward_with_lse(problem, q, k, v);
-    ctx->save_for_backward({q, k, v, out, lse});
+    if (with_sinks) lse = add_sinks(problem, out, lse, sinks);
+    ctx->save_for_backward({q, k, v, out, lse, sinks});
+    ctx->saved_data["with_sinks"] = with_sinks;
     // The problem travels to backward as plain values: the mask is never an autograd input here
     // (a mask that needs a gradient is refused before the kernel runs).
     ctx->saved_data["mask"] = problem.mask;
-    ctx->saved_data["sizes"] = std::vector<int64_t>{
-        problem.n,  problem.g,     problem.t_q,           problem.t_k,           problem.d,
-        problem.dv, problem.block, problem.causal_offset, problem.causal ? 1 : 0};
+    ctx->saved_data["sizes"] = std::vector<int64_t>{problem.n,
+                                                    problem.g,
+                                                    problem.t_q,
+                                                    problem.t_k,
+                                                    problem.d,
+                                                    problem.dv,
+                                                    problem.block,
+                                                    problem.query_offset,
+                                                    problem.causal ? 1 : 0,
+                                                    problem.window_left,
+                                                    problem.window_right,
+                                                    problem.heads};
+    ctx->saved_data["softcap"] = problem.softcap;
+    ctx->saved_data["alibi"] = problem.alibi;
     ctx->saved_data["lead"] = problem.lead;
     ctx->saved_data["scale"] = problem.scale;
     return out;
@@ -290,14 +366,23 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     p.d = sizes[4];
     p.dv = sizes[5];
     p.block = sizes[6];
-    p.causal_offset = sizes[7];
+    p.query_offset = sizes[7];
     p.causal = sizes[8] != 0;
+    p.window_left = sizes[9];
+    p.window_right = sizes[10];
+    p.heads = sizes[11];
+    p.softcap = ctx->saved_data["softcap"].toDouble();
+    p.alibi = ctx->saved_data["alibi"].toDoubleVector();
     p.lead = ctx->saved_data["lead"].toIntVector();
     p.mask = ctx->saved_data["mask"].toTensor();
     p.scale = ctx->saved_data["scale"].toDouble();
     auto [dq, dk, dv] =
         backward_with_lse(p, saved[0], saved[1], saved[2], saved[3], saved[4], grads[0]);
-    return {dq, dk, dv, Tensor()};
+    const auto& sinks = saved[5];
+    const Tensor d_sinks = ctx->saved_data["with_sinks"].toBool() && ctx->needs_input_grad(3)
+                               ? sink_gradient(p, saved[3], saved[4], grads[0], sinks)
+                               : Tensor();
+    return {dq, dk, dv, d_sinks, Tensor()};
   }
 };
 
@@ -311,7 +396,8 @@ functional::AttentionOutput chunked(const Problem& problem, const Tensor& query,
   // Unbatched (T, d) inputs become one head of one batch.
   const bool unbatched = query.dim() == 2;
   const auto batched = [&](const Tensor& t) { return unbatched ? t.unsqueeze(0) : t; };
-  auto out = ChunkedAttention::apply(batched(query), batched(key), batched(value), p);
+  const auto sinks = p.sinks.defined() ? p.sinks : torch::empty({0}, query.options());
+  auto out = ChunkedAttention::apply(batched(query), batched(key), batched(value), sinks, p);
   return {unbatched ? out.squeeze(0) : out, {}};
 }
 

@@ -141,15 +141,16 @@ class Forward {
     T* acc = w.acc.template data_ptr<T>();
     std::fill(acc, acc + rows * p_.dv, T(0));
     const int64_t keys = keys_end(p_, i0, rows);
-    for (int64_t j0 = 0; j0 < keys; j0 += p_.block) {
+    const bool bounded = p_.bounded_right();
+    for (int64_t j0 = keys_begin(p_, i0); j0 < keys; j0 += p_.block) {
       const int64_t cols = std::min(p_.block, keys - j0);
       // Keys of the tile that the first row sees (visible_end before its clamp: rows above the
       // first visible one count down from it).
-      const int64_t seen = i0 + 1 + p_.causal_offset - j0;
-      const int64_t strip = p_.causal && seen < cols ? cpu::kDiagonalStrip : rows;
+      const int64_t seen = i0 + 1 + p_.diagonal() - j0;
+      const int64_t strip = bounded && seen < cols ? cpu::kDiagonalStrip : rows;
       for (int64_t r0 = 0; r0 < rows; r0 += strip) {
         const int64_t sr = std::min(strip, rows - r0);
-        const int64_t width = p_.causal ? std::clamp<int64_t>(seen + r0 + sr - 1, 0, cols) : cols;
+        const int64_t width = bounded ? std::clamp<int64_t>(seen + r0 + sr - 1, 0, cols) : cols;
         if (width > 0) tile(h, kv, i0 + r0, sr, j0, width, cols, seen + r0, w, r0);
       }
     }
@@ -172,8 +173,8 @@ class Forward {
     T* acc = w.acc.template data_ptr<T>() + first * p_.dv;
     cpu::gemm<T>(false, true, rows, cols, p_.d, static_cast<T>(p_.scale), q_.row(h, i),
                  q_.row_stride, k_.row(kv, j0), k_.row_stride, 0, scores, ld);
-    if (p_.mask.defined()) cpu::apply_mask<T>(p_.mask, mask_at_[h], i, j0, scores, rows, cols, ld);
-    dispatch_softmax_step(scores, rows, cols, ld, p_.causal, seen, w.max.data() + first,
+    cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr);
+    dispatch_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, w.max.data() + first,
                           w.sum.data() + first, acc, p_.dv);
     cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
                  acc, p_.dv);

@@ -131,7 +131,7 @@ class Backward {
   void run() {
     const int64_t key_blocks = (p_.t_k + p_.block - 1) / p_.block;
     at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
-      TileBuffers w(p_.block);
+      TileBuffers w(p_.block, p_.softcap > 0.0);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t kv = item / splits_, split = item % splits_;
         T* dq = dq_ + split * p_.n * p_.g * p_.t_q * p_.d;
@@ -144,9 +144,12 @@ class Backward {
   // One thread's tiles: scores, probabilities, and the gradient of the probabilities (then of
   // the scores).
   struct TileBuffers {
-    std::vector<T> s, prob, dp;
-    explicit TileBuffers(int64_t block)
-        : s(block * block), prob(block * block), dp(block * block) {}
+    std::vector<T> s, prob, dp, cap_slope;
+    TileBuffers(int64_t block, bool capped)
+        : s(block * block),
+          prob(block * block),
+          dp(block * block),
+          cap_slope(capped ? block * block : 0) {}
   };
 
   // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
@@ -156,18 +159,20 @@ class Backward {
     T* dv = dv_ + (kv * p_.t_k + j0) * p_.dv;
     std::fill(dk, dk + cols * p_.d, T(0));
     std::fill(dv, dv + cols * p_.dv, T(0));
-    // The first query that sees key j0 (causal: query i sees keys j <= i + offset).
-    const int64_t first = p_.causal ? std::max<int64_t>(0, j0 - p_.causal_offset) : 0;
+    // The queries that see a key of the block (causal: query i sees keys j <= i + diagonal;
+    // a window: keys j >= i + left_diagonal).
+    const int64_t first = queries_begin(p_, j0), last = queries_end(p_, j0, cols);
+    const bool bounded = p_.bounded_right();
     for (int64_t h = kv * p_.g; h < (kv + 1) * p_.g; ++h) {
-      for (int64_t i0 = first; i0 < p_.t_q; i0 += p_.block) {
-        const int64_t rows = std::min(p_.block, p_.t_q - i0);
+      for (int64_t i0 = first; i0 < last; i0 += p_.block) {
+        const int64_t rows = std::min(p_.block, last - i0);
         // Keys of the block that the first query sees; where the diagonal crosses the tile, it
         // is done in strips of rows, each only as wide as its last row sees.
-        const int64_t seen = i0 + 1 + p_.causal_offset - j0;
-        const int64_t strip = p_.causal && seen < cols ? cpu::kDiagonalStrip : rows;
+        const int64_t seen = i0 + 1 + p_.diagonal() - j0;
+        const int64_t strip = bounded && seen < cols ? cpu::kDiagonalStrip : rows;
         for (int64_t r0 = 0; r0 < rows; r0 += strip) {
           const int64_t sr = std::min(strip, rows - r0);
-          const int64_t width = p_.causal ? std::clamp<int64_t>(seen + r0 + sr - 1, 0, cols) : cols;
+          const int64_t width = bounded ? std::clamp<int64_t>(seen + r0 + sr - 1, 0, cols) : cols;
           if (width > 0) tile(h, kv, i0 + r0, sr, j0, width, dq, dk, dv, w);
         }
       }
@@ -183,15 +188,19 @@ class Backward {
     const T* v = v_.row(kv, j0);
     const T* go = go_.row(h, i0);
     T *s = w.s.data(), *prob = w.prob.data(), *dp = w.dp.data();
+    T* cap_slope = w.cap_slope.empty() ? nullptr : w.cap_slope.data();
     cpu::gemm<T>(false, true, rows, cols, p_.d, scale, q, q_.row_stride, k, k_.row_stride, 0, s,
                  cols);
-    if (p_.mask.defined()) cpu::apply_mask<T>(p_.mask, mask_at_[h], i0, j0, s, rows, cols, cols);
-    dispatch_probabilities(s, prob, rows, cols, p_.causal, i0 + 1 + p_.causal_offset - j0,
+    cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope);
+    dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * p_.t_q + i0);
     cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv, p_.dv);
     cpu::gemm<T>(false, true, rows, cols, p_.dv, 1, go, go_.row_stride, v, v_.row_stride, 0, dp,
                  cols);
     dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * p_.t_q + i0);
+    if (cap_slope) {  // through softcap * tanh(s / softcap)
+      for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
+    }
     cpu::gemm<T>(false, false, rows, p_.d, cols, scale, dp, cols, k, k_.row_stride, 1,
                  dq + (h * p_.t_q + i0) * p_.d, p_.d);
     cpu::gemm<T>(true, false, cols, p_.d, rows, scale, dp, cols, q, q_.row_stride, 1, dk, p_.d);

@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -114,6 +115,46 @@ void apply_mask(const torch::Tensor& mask, int64_t offset, int64_t i0, int64_t j
   const T* m = mask.data_ptr<T>() + offset + i0 * row_stride + j0 * col_stride;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < cols; ++j) s[r * ld + j] += m[r * row_stride + j * col_stride];
+  }
+}
+
+/// What comes between the product of queries and keys and the softmax, on a tile of scaled
+/// scores `s` (row stride ld) of query matrix h, queries [i0, i0 + rows), keys [j0, j0 + cols):
+/// soft-capping (writing its derivative 1 - tanh^2 to `cap_slope`, row stride cols, when given),
+/// ALiBi, the user's mask (its matrices at `mask_at`), and -inf for keys left of the window.
+/// Keys right of the causal diagonal or the window are the caller's: it never reads them.
+template <typename T>
+void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64_t h, int64_t i0,
+                    int64_t rows, int64_t j0, int64_t cols, T* s, int64_t ld, T* cap_slope) {
+  if (p.softcap > 0.0) {
+    const T cap = static_cast<T>(p.softcap), inverse = T(1) / cap;
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = s + r * ld;
+      for (int64_t j = 0; j < cols; ++j) {
+        const T t = std::tanh(row[j] * inverse);
+        row[j] = cap * t;
+        if (cap_slope) cap_slope[r * cols + j] = T(1) - t * t;
+      }
+    }
+  }
+  if (!p.alibi.empty()) {
+    const T slope = static_cast<T>(p.alibi[h % p.heads]);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = s + r * ld;
+      const int64_t position = i0 + r + p.query_offset - j0;  // relative to key j0
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t distance = position > j ? position - j : j - position;
+        row[j] -= slope * static_cast<T>(distance);
+      }
+    }
+  }
+  if (p.mask.defined()) apply_mask<T>(p.mask, mask_at[h], i0, j0, s, rows, cols, ld);
+  if (p.bounded_left()) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t hidden = std::clamp<int64_t>(i0 + r + p.left_diagonal() - j0, 0, cols);
+      std::fill(s + r * ld, s + r * ld + hidden, -std::numeric_limits<T>::infinity());
+    }
   }
 }
 

@@ -46,6 +46,10 @@ functional::AttentionOutput math(const Problem& p, const Tensor& query, const Te
   scores = p.scale_is_default && p.d > 0 ? scores.div(std::sqrt(static_cast<double>(p.d)))
                                          : scores.mul(p.scale);
 
+  // Soft-capping and ALiBi change the scaled scores before any mask is added.
+  if (p.softcap > 0.0) scores = scores.div(p.softcap).tanh().mul(p.softcap);
+  if (!p.alibi.empty()) scores = scores + alibi_bias(p, scores.options());
+
   // The additive mask first, then the hidden keys: a hidden key stays hidden whatever the float
   // mask holds there (NaN, +inf), as in the blockwise backends, which never read it.
   const Tensor hidden = hidden_keys(p), additive = additive_mask(p);
@@ -54,12 +58,23 @@ functional::AttentionOutput math(const Problem& p, const Tensor& query, const Te
     scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
   }
 
-  // A query whose scores are all -inf (every key hidden) would get 0/0 = NaN weights, and NaN
-  // gradients for every key. Such rows are computed on zeros (finite everywhere) and then
-  // zeroed, as the blockwise backends' online softmax does.
-  const Tensor dead = scores.isneginf().all(-1, /*keepdim=*/true);
-  scores = scores.masked_fill(dead, 0.0);
-  Tensor weights = softmax_last_dim(scores).masked_fill(dead, 0.0);
+  Tensor weights;
+  if (p.sinks.defined()) {
+    // Each head's sink logit is one more column of the softmax, then dropped: it takes its share
+    // of the normalizer and adds no value. A query that sees no key gives it all.
+    auto shape = scores.sizes().vec();
+    shape.back() = 1;
+    const auto column = p.sinks.view({-1, 1, 1}).expand({p.heads, p.t_q, 1});
+    const auto extended =
+        torch::cat({scores, (p.lead.empty() ? column[0] : column).expand(shape)}, -1);
+    weights = softmax_last_dim(extended).narrow(-1, 0, p.t_k);
+  } else {
+    // A query whose scores are all -inf (every key hidden) would get 0/0 = NaN weights, and NaN
+    // gradients for every key. Such rows are computed on zeros (finite everywhere) and then
+    // zeroed, as the blockwise backends' online softmax does.
+    const Tensor dead = scores.isneginf().all(-1, /*keepdim=*/true);
+    weights = softmax_last_dim(scores.masked_fill(dead, 0.0)).masked_fill(dead, 0.0);
+  }
   if (p.dropout_p > 0.0) weights = at::dropout(weights, p.dropout_p, true);
 
   Tensor output = (grouped ? fold_groups(weights, p.kv_heads) : weights).matmul(value);

@@ -20,10 +20,10 @@ functional::AttentionOutput native(const Problem& p, const torch::Tensor& query,
     k = key.repeat_interleave(p.g, -3);
     v = value.repeat_interleave(p.g, -3);
   }
-  // LibTorch aligns a causal mask to the top-left corner (here the queries are the last Tq
-  // positions) and refuses is_causal with an explicit mask: in both cases the causal mask is made
-  // explicit.
-  const bool builtin_causal = p.causal && p.t_q == p.t_k && !p.mask.defined();
+  // LibTorch aligns a causal mask to the top-left corner and refuses is_causal with an explicit
+  // mask: a bottom-right diagonal with Tq != Tk, a window or a mask make the causal mask explicit.
+  const bool builtin_causal =
+      p.causal && p.query_offset == 0 && !p.bounded_left() && !p.mask.defined();
   torch::Tensor hidden = builtin_causal ? torch::Tensor() : hidden_keys(p);  // true = hidden
   torch::Tensor additive = additive_mask(p);
   // LibTorch gives NaN for a query whose keys are all masked, and NaN gradients to every key in

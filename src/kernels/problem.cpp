@@ -96,6 +96,42 @@ void check_options(const functional::ScaledDotProductAttentionOptions& o, const 
   TORCH_CHECK_VALUE(!o.scale() || std::isfinite(*o.scale()), caller,
                     ": expected a finite scale, got ", o.scale() ? *o.scale() : 0.0);
   TORCH_CHECK_VALUE(o.block_size() > 0, caller, ": expected block_size > 0, got ", o.block_size());
+  TORCH_CHECK_VALUE(!o.window_left() || *o.window_left() >= 0, caller,
+                    ": expected window_left >= 0 (unset for no bound), got ", *o.window_left());
+  TORCH_CHECK_VALUE(!o.window_right() || *o.window_right() >= 0, caller,
+                    ": expected window_right >= 0 (unset for no bound), got ", *o.window_right());
+  TORCH_CHECK_VALUE(!o.softcap() || (std::isfinite(*o.softcap()) && *o.softcap() > 0.0), caller,
+                    ": expected a finite softcap > 0 (unset for none), got ", *o.softcap());
+}
+
+// Attention sinks: one finite logit per query head, of the queries' dtype and device.
+void check_sinks(const torch::Tensor& sinks, const torch::Tensor& like, int64_t heads,
+                 const char* caller) {
+  TORCH_CHECK_TYPE(sinks.scalar_type() == like.scalar_type(), caller, ": expected sinks of dtype ",
+                   like.scalar_type(), " (the queries'), got ", sinks.scalar_type());
+  TORCH_CHECK(sinks.device() == like.device(), caller, ": expected sinks on device ", like.device(),
+              ", got ", sinks.device());
+  TORCH_CHECK_VALUE(sinks.dim() == 1 && sinks.size(0) == heads, caller,
+                    ": expected sinks of shape (", heads, ",), one per query head, got ",
+                    shape_str(sinks.sizes()));
+  TORCH_CHECK_VALUE(sinks.numel() == 0 || torch::isfinite(sinks).all().item<bool>(), caller,
+                    ": expected finite sinks");
+}
+
+// ALiBi's slopes: one finite value per query head, on any device, read once to the host.
+std::vector<double> check_alibi(const torch::Tensor& slopes, int64_t heads, const char* caller) {
+  if (!slopes.defined()) return {};
+  TORCH_CHECK_TYPE(slopes.is_floating_point(), caller,
+                   ": expected floating-point alibi_slopes, got ", slopes.scalar_type());
+  TORCH_CHECK_VALUE(slopes.dim() == 1 && slopes.size(0) == heads, caller,
+                    ": expected alibi_slopes of shape (", heads, ",), one per query head, got ",
+                    shape_str(slopes.sizes()));
+  const auto host = slopes.detach().to(torch::kCPU, torch::kDouble).contiguous();
+  std::vector<double> values(host.data_ptr<double>(), host.data_ptr<double>() + heads);
+  for (const double v : values) {
+    TORCH_CHECK_VALUE(std::isfinite(v), caller, ": expected finite alibi_slopes, got ", v);
+  }
+  return values;
 }
 
 void check_mask(const torch::Tensor& mask, const torch::Tensor& q, c10::IntArrayRef scores,
@@ -151,7 +187,17 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
   }
   for (size_t i = 0; i + 2 < rank; ++i) p.n *= k[i];
   p.causal = options.is_causal();
-  p.causal_offset = p.t_k - p.t_q;
+  p.query_offset =
+      options.causal_alignment() == functional::CausalAlignment::TopLeft ? 0 : p.t_k - p.t_q;
+  p.window_left = options.window_left().value_or(-1);
+  p.window_right = options.window_right().value_or(-1);
+  p.softcap = options.softcap().value_or(0.0);
+  p.alibi = check_alibi(options.alibi_slopes(), p.heads, caller);
+  if (options.sinks().defined()) {
+    check_sinks(options.sinks(), like, p.heads, caller);
+    p.sinks = options.sinks();
+    records_grad = records_grad || detail::records_grad(p.sinks);
+  }
   p.device = like.device();
   p.scale = options.scale() ? *options.scale()
                             : (p.d > 0 ? 1.0 / std::sqrt(static_cast<double>(p.d)) : 1.0);
@@ -201,16 +247,30 @@ Problem make_projected_problem(const torch::Tensor& x_q, const torch::Tensor& x_
 
 torch::Tensor hidden_keys(const Problem& p) {
   torch::Tensor hidden;
-  if (p.causal) {
-    // Key j is hidden from query i when j >= visible_end(p, i) = i + 1 + offset.
-    hidden =
-        torch::ones({p.t_q, p.t_k}, torch::TensorOptions().dtype(torch::kBool).device(p.device))
-            .triu(p.causal_offset + 1);
+  const auto all = [&] {
+    return torch::ones({p.t_q, p.t_k}, torch::TensorOptions().dtype(torch::kBool).device(p.device));
+  };
+  // Key j is hidden from query i when j > i + diagonal() or j < i + left_diagonal().
+  if (p.bounded_right()) hidden = all().triu(p.diagonal() + 1);
+  if (p.bounded_left()) {
+    auto before = all().tril(p.left_diagonal() - 1);
+    hidden = hidden.defined() ? hidden.logical_or(before) : before;
   }
   if (p.mask.defined() && p.mask_is_bool) {
     hidden = hidden.defined() ? hidden.logical_or(p.mask) : p.mask;
   }
   return hidden;
+}
+
+torch::Tensor alibi_bias(const Problem& p, const torch::TensorOptions& options) {
+  if (p.alibi.empty()) return {};
+  const auto on = torch::TensorOptions().dtype(torch::kDouble).device(p.device);
+  const auto positions = torch::arange(p.t_q, on).add_(p.query_offset).unsqueeze(1);
+  const auto distance = (positions - torch::arange(p.t_k, on).unsqueeze(0)).abs_();
+  auto slopes = torch::tensor(p.alibi, torch::kDouble).to(p.device);
+  // (H, 1, 1) slopes against (Tq, Tk) distances: (H, Tq, Tk), broadcastable to (..., H, Tq, Tk).
+  auto bias = slopes.view({-1, 1, 1}).neg().mul(distance).to(options);
+  return p.lead.empty() ? bias.squeeze(0) : bias;  // rank 2: one head, (Tq, Tk)
 }
 
 torch::Tensor additive_mask(const Problem& p) {

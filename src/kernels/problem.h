@@ -30,7 +30,18 @@ struct Problem {
   int64_t n = 1;                    // key/value matrices
   int64_t t_q = 0, t_k = 0, d = 0, dv = 0;
   bool causal = false;
-  int64_t causal_offset = 0;  // t_k - t_q: query i sees keys j <= i + causal_offset
+  /// Query i sits at position i + query_offset among the keys: t_k - t_q (bottom-right
+  /// alignment) or 0 (top-left). Places the causal diagonal, the window and ALiBi's distances.
+  int64_t query_offset = 0;
+  /// The sliding window: keys j < pos(i) - window_left and j > pos(i) + window_right are hidden;
+  /// -1 = no bound on that side.
+  int64_t window_left = -1, window_right = -1;
+  /// Logit soft-capping: scores s become softcap * tanh(s / softcap); 0 = none.
+  double softcap = 0.0;
+  /// ALiBi: the slope of each query head (H entries; one at rank 2); empty = none.
+  std::vector<double> alibi;
+  /// Attention sinks: a logit per query head (H,) in every query's normalizer; undefined = none.
+  torch::Tensor sinks;
   /// The user's mask as given: undefined, bool (true = hidden) or additive (same dtype as q).
   torch::Tensor mask;
   bool mask_is_bool = false;
@@ -46,6 +57,19 @@ struct Problem {
   functional::Backend backend = functional::Backend::Auto;
   int64_t block = 1;  // the Chunked block size, clamped to [1, min(kMaxBlockSize, max(Tq, Tk))]
   at::Device device = at::kCPU;
+
+  /// Keys after some query are hidden (causal, or a window bounded on the right): query i sees
+  /// no key j > i + diagonal().
+  bool bounded_right() const { return causal || window_right >= 0; }
+  int64_t diagonal() const { return query_offset + (causal ? 0 : window_right); }
+  /// Keys before some query are hidden (a window bounded on the left): query i sees no key
+  /// j < i + left_diagonal().
+  bool bounded_left() const { return window_left >= 0; }
+  int64_t left_diagonal() const { return query_offset - window_left; }
+  /// The scores are changed before masking (soft-capping or ALiBi).
+  bool transforms_scores() const { return softcap > 0.0 || !alibi.empty(); }
+  /// What LibTorch's own kernel cannot compute: soft-capping, ALiBi, sinks.
+  bool beyond_native() const { return transforms_scores() || sinks.defined(); }
 
   /// Nothing for a blockwise kernel to do: no query, key or head, or no query or value features
   /// (every score 0, or an empty output). Every backend hands such problems to Math.
@@ -75,20 +99,44 @@ Problem make_projected_problem(const torch::Tensor& x_q, const torch::Tensor& x_
                                const functional::ScaledDotProductAttentionOptions& options,
                                const char* caller);
 
-/// The keys [0, end) that causality lets query i see (all Tk when not causal). Queries are the
-/// last Tq of the Tk positions, so query i sees keys j <= i + Tk - Tq.
-inline int64_t visible_end(const Problem& p, int64_t i) {
-  if (!p.causal) return p.t_k;
-  return std::clamp<int64_t>(i + 1 + p.causal_offset, 0, p.t_k);
+/// The keys [visible_begin(p, i), visible_end(p, i)) that causality and the window let query i
+/// see (all Tk without either). The range may be empty.
+inline int64_t visible_begin(const Problem& p, int64_t i) {
+  if (!p.bounded_left()) return 0;
+  return std::clamp<int64_t>(i + p.left_diagonal(), 0, p.t_k);
 }
 
-/// Where the keys seen by query block [i0, i0 + rows) end.
+inline int64_t visible_end(const Problem& p, int64_t i) {
+  if (!p.bounded_right()) return p.t_k;
+  return std::clamp<int64_t>(i + 1 + p.diagonal(), 0, p.t_k);
+}
+
+/// Where the keys seen by query block [i0, i0 + rows) begin and end.
+inline int64_t keys_begin(const Problem& p, int64_t i0) {
+  return visible_begin(p, i0);
+}
+
 inline int64_t keys_end(const Problem& p, int64_t i0, int64_t rows) {
   return visible_end(p, i0 + rows - 1);
 }
 
-/// The keys hidden from each query by causality and by a bool mask, true = hidden, broadcastable
-/// to the scores; undefined when nothing is hidden that way.
+/// The queries [begin, end) that see at least one key of block [j0, j0 + cols).
+inline int64_t queries_begin(const Problem& p, int64_t j0) {
+  if (!p.bounded_right()) return 0;
+  return std::clamp<int64_t>(j0 - p.diagonal(), 0, p.t_q);
+}
+
+inline int64_t queries_end(const Problem& p, int64_t j0, int64_t cols) {
+  if (!p.bounded_left()) return p.t_q;
+  return std::clamp<int64_t>(j0 + cols - p.left_diagonal(), 0, p.t_q);
+}
+
+/// ALiBi's biases -slope_h * |pos(i) - j| of every query head, broadcastable to the scores;
+/// undefined without ALiBi.
+torch::Tensor alibi_bias(const Problem& p, const torch::TensorOptions& options);
+
+/// The keys hidden from each query by causality, the window and a bool mask, true = hidden,
+/// broadcastable to the scores; undefined when nothing is hidden that way.
 torch::Tensor hidden_keys(const Problem& p);
 
 /// The additive mask, undefined when the mask is bool or absent.

@@ -66,14 +66,41 @@ Module wrap(M module, F forward) {
 
 Module make_multi_head_attention(const Case& c) {
   const auto& a = c.args;
-  attention::MultiHeadAttention mha(
+  auto mha_options =
       attention::MultiHeadAttentionOptions(a.at("d_in"), a.at("d_out"), a.at("num_heads"))
           .context_length(a.at("context_length"))
           .dropout(a.at("dropout"))
           .qkv_bias(a.at("qkv_bias"))
           .num_kv_heads(a.at("num_kv_heads"))
           .causal(a.at("causal"))
-          .d_in_kv(a.at("d_in_kv")));
+          .d_in_kv(a.at("d_in_kv"))
+          .alibi(a.value("alibi", false))
+          .sinks(a.value("sinks", false));
+  // The reference's 0 means "none" for the window and the cap.
+  if (a.value("sliding_window", 0) > 0)
+    mha_options.sliding_window(a.at("sliding_window").get<int64_t>());
+  if (a.value("softcap", 0.0) > 0.0) mha_options.softcap(a.at("softcap").get<double>());
+  if (a.value("top_left", false)) {
+    mha_options.causal_alignment(attention::functional::CausalAlignment::TopLeft);
+  }
+  if (a.value("rope_theta", 0.0) > 0.0) {
+    auto rope = attention::functional::RotaryOptions()
+                    .theta(a.at("rope_theta").get<double>())
+                    .rotary_dim(a.value("rotary_dim", int64_t{0}));
+    if (a.value("rope_interleaved", false)) {
+      rope.layout(attention::functional::RotaryLayout::Interleaved);
+    }
+    if (a.contains("llama3_scaling")) {
+      const auto s = a.at("llama3_scaling").get<std::vector<double>>();
+      rope.llama3_scaling(attention::functional::Llama3RopeScaling()
+                              .factor(s.at(0))
+                              .low_freq_factor(s.at(1))
+                              .high_freq_factor(s.at(2))
+                              .original_context_length(static_cast<int64_t>(s.at(3))));
+    }
+    mha_options.rope(rope);
+  }
+  attention::MultiHeadAttention mha(mha_options);
   const auto f = c.forward;
   using attention::functional::Backend;
   const std::map<std::string, Backend> backends = {{"auto", Backend::Auto},

@@ -257,6 +257,26 @@ void bench_long(const std::string& impl, int64_t t) {
          peak_rss_mb() - base);
 }
 
+// Sliding-window attention at long context (B=1, H=8, head size 64, causal, each query seeing
+// the `window` keys ending at its position): Chunked skips the tiles outside the window, so its
+// time should follow T * window where full causal follows T^2 / 2 (bench_long).
+void bench_window(int64_t t, int64_t window) {
+  torch::NoGradGuard no_grad;
+  auto q = torch::randn({1, 8, t, 64}), k = torch::randn_like(q), v = torch::randn_like(q);
+  const double base = peak_rss_mb();
+  const auto options = F::ScaledDotProductAttentionOptions()
+                           .is_causal(true)
+                           .window_left(window - 1)
+                           .backend(Backend::Chunked);
+  const double ms =
+      median_ms([&] { F::scaled_dot_product_attention(q, k, v, options); }, t >= 16384 ? 1 : 2);
+  // Query i sees min(i + 1, window) keys: two products of that many multiply-adds per feature.
+  const double pairs = static_cast<double>(std::min(t, window)) * (std::min(t, window) + 1) / 2 +
+                       static_cast<double>(std::max<int64_t>(0, t - window)) * window;
+  record("window", fmt::format("cpp.core.chunked.window{}", window), "forward", t, ms,
+         4.0 * 8 * pairs * 64 / 1e9, peak_rss_mb() - base);
+}
+
 // Chunked's block size, causal, head size 64: the tile of scores a thread keeps is block x
 // block, so this is the sweep of tile size against the caches. Long context (T >= 4096) has
 // B=1, H=8, shorter sequences the Raschka core's B=8, H=12.
@@ -333,7 +353,7 @@ int main(int argc, char** argv) {
       fmt::print(
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode\n"
-          "        long:chunked|math:T long-train:chunked|math:T blocks:T\n");
+          "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -358,6 +378,9 @@ int main(int argc, char** argv) {
       bench_long_train(g.substr(11, colon - 11), std::stoll(g.substr(colon + 1)));
     } else if (g.rfind("blocks:", 0) == 0) {
       bench_blocks(std::stoll(g.substr(7)));
+    } else if (g.rfind("window:", 0) == 0) {
+      const auto colon = g.find(':', 7);
+      bench_window(std::stoll(g.substr(7, colon - 7)), std::stoll(g.substr(colon + 1)));
     } else if (g == "decode") {
       bench_decode();
     } else if (g.rfind("long:", 0) == 0) {
