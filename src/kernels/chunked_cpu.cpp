@@ -141,17 +141,17 @@ class Forward {
     T* acc = w.acc.template data_ptr<T>();
     std::fill(acc, acc + rows * p_.dv, T(0));
     const int64_t keys = keys_end(p_, i0, rows);
-    const bool bounded = p_.bounded_right();
     for (int64_t j0 = keys_begin(p_, i0); j0 < keys; j0 += p_.block) {
       const int64_t cols = std::min(p_.block, keys - j0);
-      // Keys of the tile that the first row sees (visible_end before its clamp: rows above the
-      // first visible one count down from it).
-      const int64_t seen = i0 + 1 + p_.diagonal() - j0;
-      const int64_t strip = bounded && seen < cols ? cpu::kDiagonalStrip : rows;
+      const int64_t strip = cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
       for (int64_t r0 = 0; r0 < rows; r0 += strip) {
         const int64_t sr = std::min(strip, rows - r0);
-        const int64_t width = bounded ? std::clamp<int64_t>(seen + r0 + sr - 1, 0, cols) : cols;
-        if (width > 0) tile(h, kv, i0 + r0, sr, j0, width, cols, seen + r0, w, r0);
+        const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
+        // Keys of the strip's columns that its first row sees (visible_end before its clamp:
+        // rows above the first visible one count down from it).
+        const int64_t seen = i0 + r0 + 1 + p_.diagonal() - (j0 + c.begin);
+        if (c.end > c.begin)
+          tile(h, kv, i0 + r0, sr, j0 + c.begin, c.end - c.begin, cols, seen, w, r0);
       }
     }
     T* lse = lse_ + h * p_.t_q + i0;

@@ -162,18 +162,20 @@ class Backward {
     // The queries that see a key of the block (causal: query i sees keys j <= i + diagonal;
     // a window: keys j >= i + left_diagonal).
     const int64_t first = queries_begin(p_, j0), last = queries_end(p_, j0, cols);
-    const bool bounded = p_.bounded_right();
     for (int64_t h = kv * p_.g; h < (kv + 1) * p_.g; ++h) {
       for (int64_t i0 = first; i0 < last; i0 += p_.block) {
         const int64_t rows = std::min(p_.block, last - i0);
-        // Keys of the block that the first query sees; where the diagonal crosses the tile, it
-        // is done in strips of rows, each only as wide as its last row sees.
-        const int64_t seen = i0 + 1 + p_.diagonal() - j0;
-        const int64_t strip = bounded && seen < cols ? cpu::kDiagonalStrip : rows;
+        // Where the diagonal or the window's left edge crosses the tile, it is done in strips of
+        // rows, each only over the keys its rows see.
+        const int64_t strip =
+            cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
         for (int64_t r0 = 0; r0 < rows; r0 += strip) {
           const int64_t sr = std::min(strip, rows - r0);
-          const int64_t width = bounded ? std::clamp<int64_t>(seen + r0 + sr - 1, 0, cols) : cols;
-          if (width > 0) tile(h, kv, i0 + r0, sr, j0, width, dq, dk, dv, w);
+          const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
+          if (c.end > c.begin) {
+            tile(h, kv, i0 + r0, sr, j0 + c.begin, c.end - c.begin, dq, dk + c.begin * p_.d,
+                 dv + c.begin * p_.dv, w);
+          }
         }
       }
     }

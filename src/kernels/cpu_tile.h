@@ -158,9 +158,32 @@ void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64
   }
 }
 
-/// Where a tile crosses the causal diagonal, it is done in strips of this many query rows, each
-/// strip only as wide as its last row sees: most of the tile's upper triangle is never computed.
+/// Where a tile crosses the causal diagonal or the window's left edge, it is done in strips of
+/// this many query rows, each only as wide as its rows see: most of the tile's hidden triangles
+/// are never computed.
 constexpr int64_t kDiagonalStrip = 64;
+
+/// Whether the causal diagonal (or the window's right end) or the window's left edge crosses the
+/// tile of queries [i0, i0 + rows) and keys [j0, j0 + cols).
+inline bool crosses_edge(const Problem& p, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  const bool right = p.bounded_right() && i0 + 1 + p.diagonal() - j0 < cols;
+  const bool left = p.bounded_left() && i0 + rows - 1 + p.left_diagonal() > j0;
+  return right || left;
+}
+
+/// The columns [begin, end) of the tile (keys [j0, j0 + cols)) that some query of the strip
+/// [i, i + rows) sees: up to its last row's right limit, from its first row's left limit.
+struct Columns {
+  int64_t begin, end;
+};
+
+inline Columns strip_columns(const Problem& p, int64_t i, int64_t rows, int64_t j0, int64_t cols) {
+  const int64_t end =
+      p.bounded_right() ? std::clamp<int64_t>(i + rows + p.diagonal() - j0, 0, cols) : cols;
+  const int64_t begin =
+      p.bounded_left() ? std::clamp<int64_t>(i + p.left_diagonal() - j0, 0, end) : 0;
+  return {begin, end};
+}
 
 /// Query blocks in the order cheap, dear, cheap, dear... so that the contiguous ranges of items
 /// that at::parallel_for hands each thread carry equal causal work.
