@@ -65,7 +65,8 @@ def case_list():
     # path: the kernel the case is meant to exercise (the C++ harness checks that it ran:
     # "direct", "math", "chunked_fused", "chunked_tiles" or "native"); forward["backend"] picks
     # the C++ backend ("auto" when absent); forward["decode"]: chunk sizes in which the C++ side
-    # feeds the input through a KV cache, against Python's one forward over the whole input.
+    # feeds the input through a KV cache (forward["sliding_cache"]: a SlidingKVCache of that
+    # window), against Python's one forward over the whole input.
     def add(name, module, args, shapes, dtype="float32", magnitude=1.0, article=False,
             forward=None, against="reference", mode="train", path="math"):
         cases.append(dict(name=name, module=module, args=args, shapes=shapes, dtype=dtype,
@@ -268,6 +269,11 @@ def case_list():
         mha(8, 16, 4, num_kv_heads=2, context_length=1024, sliding_window=128, sinks=True,
             rope_theta=10000.0), [[2, 1024, 8]], "float64",
         forward=dict(backend="chunked", key_padding_mask=True), path="chunked_fused")
+    # A cache that keeps only the window (SlidingKVCache), decoding in chunks.
+    add("rope_llama3_gqa_window_sliding_cache_decode", "MultiHeadAttention",
+        mha(8, 32, 4, num_kv_heads=2, sliding_window=7, rope_theta=500000.0,
+            llama3_scaling=[8.0, 1.0, 4.0, 16.0]), [[2, 40, 8]], "float64",
+        forward=dict(decode=[1, 7, 16, 3, 13], sliding_cache=7), mode="inference", path="math")
 
     for i, case in enumerate(cases):
         case["seed"] = 123 if case["article"] else 1000 + i

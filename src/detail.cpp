@@ -101,5 +101,32 @@ torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x, W
   return out;
 }
 
+void check_cache_append(const torch::Tensor& keys, const torch::Tensor& values,
+                        const torch::Tensor& cached, const char* cache) {
+  TORCH_CHECK_VALUE(
+      keys.defined() && values.defined() && keys.dim() == 4 && values.sizes() == keys.sizes(),
+      cache, ": expected keys and values of one shape (B, Hkv, T, head_dim), got ",
+      keys.defined() ? shape_str(keys.sizes()) : "undefined", " and ",
+      values.defined() ? shape_str(values.sizes()) : "undefined");
+  TORCH_CHECK_TYPE(
+      c10::isFloatingType(keys.scalar_type()) && values.scalar_type() == keys.scalar_type(), cache,
+      ": expected floating keys and values of one dtype, got ", keys.scalar_type(), " and ",
+      values.scalar_type());
+  TORCH_CHECK(values.device() == keys.device(), cache,
+              ": expected keys and values on one device, got ", keys.device(), " and ",
+              values.device());
+  if (cached.defined()) {
+    TORCH_CHECK_VALUE(keys.size(0) == cached.size(0) && keys.size(1) == cached.size(1) &&
+                          keys.size(3) == cached.size(3),
+                      cache, ": expected keys (", cached.size(0), ", ", cached.size(1), ", T, ",
+                      cached.size(3), ") like the cached ones, got ", shape_str(keys.sizes()));
+    TORCH_CHECK_TYPE(keys.scalar_type() == cached.scalar_type(), cache,
+                     ": expected keys and values of dtype ", cached.scalar_type(), ", got ",
+                     keys.scalar_type(), " and ", values.scalar_type());
+    TORCH_CHECK(keys.device() == cached.device(), cache, ": expected keys and values on ",
+                cached.device(), ", got ", keys.device(), " and ", values.device());
+  }
+}
+
 }  // namespace detail
 }  // namespace attention

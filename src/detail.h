@@ -35,6 +35,11 @@ void check_same_batch(const torch::Tensor& a, const torch::Tensor& b, const char
 /// Checks that a constructor argument is positive.
 void check_positive(int64_t value, const char* name, const char* module);
 
+/// A cache's append: keys and values of one shape (B, Hkv, T, head_dim), floating, of one dtype
+/// and device, and, once the cache holds tokens (`cached` defined), like those.
+void check_cache_append(const torch::Tensor& keys, const torch::Tensor& values,
+                        const torch::Tensor& cached, const char* cache);
+
 /// The article's projection matrices, registered as `W_query` (d_in, d_out_kq), `W_key`
 /// (d_in_kv, d_out_kq), `W_value` (d_in_kv, d_out_v) and drawn with torch::rand in that order, so
 /// that a seed gives the same weights as the Python classes.

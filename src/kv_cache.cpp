@@ -14,30 +14,7 @@ KVCache::KVCache(int64_t max_length) : max_length_(max_length) {
 
 std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& keys,
                                                         const torch::Tensor& values) {
-  using detail::shape_str;
-  TORCH_CHECK_VALUE(
-      keys.defined() && values.defined() && keys.dim() == 4 && values.sizes() == keys.sizes(),
-      kName, ": expected keys and values of one shape (B, Hkv, T, head_dim), got ",
-      keys.defined() ? shape_str(keys.sizes()) : "undefined", " and ",
-      values.defined() ? shape_str(values.sizes()) : "undefined");
-  TORCH_CHECK_TYPE(
-      c10::isFloatingType(keys.scalar_type()) && values.scalar_type() == keys.scalar_type(), kName,
-      ": expected floating keys and values of one dtype, got ", keys.scalar_type(), " and ",
-      values.scalar_type());
-  TORCH_CHECK(values.device() == keys.device(), kName,
-              ": expected keys and values on one device, got ", keys.device(), " and ",
-              values.device());
-  if (keys_.defined()) {
-    TORCH_CHECK_VALUE(keys.size(0) == keys_.size(0) && keys.size(1) == keys_.size(1) &&
-                          keys.size(3) == keys_.size(3),
-                      kName, ": expected keys (", keys_.size(0), ", ", keys_.size(1), ", T, ",
-                      keys_.size(3), ") like the cached ones, got ", shape_str(keys.sizes()));
-    TORCH_CHECK_TYPE(keys.scalar_type() == keys_.scalar_type(), kName,
-                     ": expected keys and values of dtype ", keys_.scalar_type(), ", got ",
-                     keys.scalar_type(), " and ", values.scalar_type());
-    TORCH_CHECK(keys.device() == keys_.device(), kName, ": expected keys and values on ",
-                keys_.device(), ", got ", keys.device(), " and ", values.device());
-  }
+  detail::check_cache_append(keys, values, keys_, kName);
   const int64_t t_new = keys.size(2);
   TORCH_CHECK_VALUE(length_ + t_new <= max_length_, kName, ": cannot append ", t_new,
                     " token(s) to the ", length_, " cached: max_length is ", max_length_,

@@ -134,12 +134,23 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   auto values = detail::project(W_value, source, &workspace_, kValue)
                     .view({B, source.size(1), H_kv, hd})
                     .transpose(1, 2);
+  auto* const sliding = forward_options.sliding_kv_cache();
+  TORCH_CHECK_VALUE(!(sliding && forward_options.kv_cache()), kName,
+                    ": expected at most one of kv_cache and sliding_kv_cache, got both");
+  if (sliding && options.sliding_window()) {
+    TORCH_CHECK_VALUE(sliding->sink_tokens() == 0 && sliding->window() >= *options.sliding_window(),
+                      kName, ": expected a sliding_kv_cache of window >= sliding_window = ",
+                      *options.sliding_window(), " and no sink tokens, got window ",
+                      sliding->window(), " and ", sliding->sink_tokens(), " sink tokens");
+  }
   if (rotary_) {
     TORCH_CHECK_VALUE(!forward_options.context().defined(), kName,
                       ": rotary embeddings need queries and keys of one sequence; got a context "
                       "(cross-attention): use a module without rope for it");
     // After a cache's tokens, the new ones continue their positions.
-    const int64_t past = forward_options.kv_cache() ? forward_options.kv_cache()->length() : 0;
+    const int64_t past = forward_options.kv_cache() ? forward_options.kv_cache()->length()
+                         : sliding                  ? sliding->position()
+                                                    : 0;
     auto [cos, sin] = rotary_->rows(past, t_q, queries.scalar_type(), queries.device());
     queries = detail::rotate(queries, cos, sin, rotary_->options().layout());
     keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
@@ -147,6 +158,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   if (forward_options.kv_cache()) {
     std::tie(keys, values) = forward_options.kv_cache()->append(keys, values);
   }
+  if (sliding) std::tie(keys, values) = sliding->append(keys, values);
   const int64_t t_k = keys.size(2);
   TORCH_CHECK_VALUE(options.context_length() == 0 || t_k <= options.context_length(), kName,
                     ": expected at most context_length = ", options.context_length(), " keys, got ",

@@ -138,6 +138,29 @@ std::vector<BadInput> cases() {
            MultiHeadAttentionForwardOptions().context(torch::randn({1, 4, 8})));
        },
        Kind::Value, "rotary embeddings need queries and keys of one sequence; got a context"},
+      {"SlidingKVCache: window 0", [] { attention::SlidingKVCache(0); }, Kind::Value,
+       "attention::SlidingKVCache: expected window > 0, got 0"},
+      {"SlidingKVCache: negative sink tokens", [] { attention::SlidingKVCache(4, -1); },
+       Kind::Value, "attention::SlidingKVCache: expected sink_tokens >= 0, got -1"},
+      {"MHA: both caches",
+       [] {
+         auto m = attention::MultiHeadAttention(8, 8, 2);
+         attention::KVCache full(8);
+         attention::SlidingKVCache sliding(4);
+         m(torch::randn({1, 3, 8}),
+           MultiHeadAttentionForwardOptions().kv_cache(&full).sliding_kv_cache(&sliding));
+       },
+       Kind::Value, "expected at most one of kv_cache and sliding_kv_cache, got both"},
+      {"MHA: sliding cache narrower than the window",
+       [] {
+         auto m =
+             attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).sliding_window(6));
+         attention::SlidingKVCache sliding(4);
+         m(torch::randn({1, 3, 8}), MultiHeadAttentionForwardOptions().sliding_kv_cache(&sliding));
+       },
+       Kind::Value,
+       "expected a sliding_kv_cache of window >= sliding_window = 6 and no sink tokens, got "
+       "window 4 and 0 sink tokens"},
       {"MHA: sliding_window 0",
        [] { attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).sliding_window(0)); },
        Kind::Value,

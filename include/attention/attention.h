@@ -15,6 +15,7 @@
 #include <attention/rotary.h>
 #include <attention/safetensors.h>
 #include <attention/self_attention.h>
+#include <attention/sliding_kv_cache.h>
 #include <attention/version.h>
 #include <attention/weights.h>
 #include <attention/workspace.h>

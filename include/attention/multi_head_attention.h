@@ -7,6 +7,7 @@
 #include <attention/functional.h>
 #include <attention/kv_cache.h>
 #include <attention/rotary.h>
+#include <attention/sliding_kv_cache.h>
 #include <attention/weights.h>
 #include <attention/workspace.h>
 
@@ -92,6 +93,8 @@ struct MultiHeadAttentionForwardOptions {
   /// A cache to append to (TORCH_ARG pastes its type textually, and `const KVCache*&` would
   /// point to a const cache).
   using KVCachePointer = KVCache*;
+  /// A window-bounded cache to append to (see SlidingKVCache).
+  using SlidingKVCachePointer = SlidingKVCache*;
 
   /// Keys and values from this sequence (B, Tk, d_in_kv) instead of x: cross-attention.
   TORCH_ARG(torch::Tensor, context) = {};
@@ -101,6 +104,9 @@ struct MultiHeadAttentionForwardOptions {
   TORCH_ARG(torch::Tensor, key_padding_mask) = {};
   /// Append this call's keys and values to the cache and attend to everything cached. Not owned.
   TORCH_ARG(KVCachePointer, kv_cache) = nullptr;
+  /// Or append to a cache that keeps only what a sliding window needs (and sink tokens). With
+  /// `sliding_window(W)`, its window must be at least W and it must keep no sink tokens. Not owned.
+  TORCH_ARG(SlidingKVCachePointer, sliding_kv_cache) = nullptr;
   /// Return the attention weights as well.
   TORCH_ARG(bool, need_weights) = false;
   /// With need_weights: average the weights over heads, (B, Tq, Tk), instead of (B, H, Tq, Tk).

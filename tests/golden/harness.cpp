@@ -109,32 +109,38 @@ Module make_multi_head_attention(const Case& c) {
                                                    {"native", Backend::Native}};
   const Backend backend = backends.at(f.value("backend", "auto"));
   const auto decode = f.value("decode", std::vector<int64_t>{});
-  return wrap(mha,
-              [f, backend, decode](attention::MultiHeadAttention& m, const Module::Inputs& in) {
-                auto options = attention::MultiHeadAttentionForwardOptions()
-                                   .need_weights(f.value("need_weights", false))
-                                   .average_attn_weights(f.value("average_attn_weights", true))
-                                   .backend(backend);
-                for (const auto& [name, tensor] : in) {
-                  if (name == "context") options.context(tensor);
-                  if (name == "key_padding_mask") options.key_padding_mask(tensor);
-                  if (name == "attn_mask") options.attn_mask(tensor);
-                }
-                const auto& x = in.at("x");
-                if (decode.empty()) return m(x, options);
-                // Chunk by chunk through a KV cache: the concatenated outputs must equal one
-                // forward.
-                attention::KVCache cache(x.size(1));
-                options.kv_cache(&cache);
-                std::vector<torch::Tensor> outputs;
-                int64_t start = 0;
-                for (const int64_t n : decode) {
-                  outputs.push_back(m(x.narrow(1, start, n), options).output);
-                  start += n;
-                }
-                TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
-                return Output{torch::cat(outputs, 1), {}};
-              });
+  const int64_t sliding_window = f.value("sliding_cache", int64_t{0});
+  return wrap(mha, [f, backend, decode, sliding_window](attention::MultiHeadAttention& m,
+                                                        const Module::Inputs& in) {
+    auto options = attention::MultiHeadAttentionForwardOptions()
+                       .need_weights(f.value("need_weights", false))
+                       .average_attn_weights(f.value("average_attn_weights", true))
+                       .backend(backend);
+    for (const auto& [name, tensor] : in) {
+      if (name == "context") options.context(tensor);
+      if (name == "key_padding_mask") options.key_padding_mask(tensor);
+      if (name == "attn_mask") options.attn_mask(tensor);
+    }
+    const auto& x = in.at("x");
+    if (decode.empty()) return m(x, options);
+    // Chunk by chunk through a KV cache: the concatenated outputs must equal one
+    // forward.
+    attention::KVCache cache(x.size(1));
+    attention::SlidingKVCache sliding(std::max<int64_t>(1, sliding_window));
+    if (sliding_window > 0) {
+      options.sliding_kv_cache(&sliding);
+    } else {
+      options.kv_cache(&cache);
+    }
+    std::vector<torch::Tensor> outputs;
+    int64_t start = 0;
+    for (const int64_t n : decode) {
+      outputs.push_back(m(x.narrow(1, start, n), options).output);
+      start += n;
+    }
+    TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
+    return Output{torch::cat(outputs, 1), {}};
+  });
 }
 
 }  // namespace
