@@ -80,12 +80,21 @@ std::pair<torch::Tensor, torch::Tensor> RotaryCache::rows(int64_t start, int64_t
                                                           at::ScalarType dtype,
                                                           const at::Device& device) {
   const auto compute = rotary_compute_dtype(dtype);
+  if (start + count > kMaxCachedPositions) {
+    // Far into a long generation (a sliding-window cache keeps its memory constant; the tables
+    // should too): these rows are computed for this call alone.
+    const auto positions =
+        torch::arange(start, start + count, torch::TensorOptions().dtype(torch::kLong));
+    auto [cos, sin] = functional::rotary_tables(positions, options_, compute);
+    return {cos.to(device), sin.to(device)};
+  }
   const std::string key = device.str() + "/" + c10::toString(compute);
   std::lock_guard<std::mutex> lock(mutex_);
   auto& table = tables_[key];
   const int64_t have = table.first.defined() ? table.first.size(0) : 0;
   if (start + count > have) {
-    const int64_t length = std::max<int64_t>(start + count, 2 * have);
+    const int64_t length =
+        std::min(kMaxCachedPositions, std::max<int64_t>(start + count, 2 * have));
     const auto positions = torch::arange(length, torch::TensorOptions().dtype(torch::kLong));
     auto [cos, sin] = functional::rotary_tables(positions, options_, compute);
     table = {cos.to(device), sin.to(device)};

@@ -1,7 +1,8 @@
 #pragma once
 
 // The cos and sin tables of a module's rotary embedding, computed once per dtype and device and
-// grown (doubling) when a longer sequence comes; apply_rotary's rotation on tables given.
+// grown (doubling, up to a bound) when a longer sequence comes; apply_rotary's rotation on tables
+// given.
 
 #include <attention/rotary.h>
 
@@ -29,6 +30,10 @@ at::ScalarType rotary_compute_dtype(at::ScalarType dtype);
 
 class RotaryCache {
  public:
+  /// Positions up to this are kept in the tables (at most 64 Ki rows of rotary_dim / 2 cos and
+  /// sin values per dtype and device); rows beyond are computed per call.
+  static constexpr int64_t kMaxCachedPositions = int64_t{1} << 16;
+
   /// `options` with rotary_dim resolved (> 0) and checked.
   explicit RotaryCache(const functional::RotaryOptions& options);
 

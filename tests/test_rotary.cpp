@@ -5,6 +5,7 @@
 
 #include <attention/multi_head_attention.h>
 #include <attention/rotary.h>
+#include <attention/sliding_kv_cache.h>
 
 #include "helpers.h"
 
@@ -106,4 +107,27 @@ TEST_CASE("rotary: the module decoding through a KV cache equals one forward", "
       "context_length=0, dropout=0, qkv_bias=false, out_bias=true, causal=true, d_in_kv=16, "
       "sliding_window=5, rope(theta=10000, rotary_dim=6, layout=HalfSplit))(\n";
   CHECK(printed.str().substr(0, expected.size()) == expected);
+}
+
+TEST_CASE("rotary: positions beyond the kept tables rotate as those within", "[rotary]") {
+  // The module keeps cos and sin for 64 Ki positions and computes rows beyond per call: a
+  // sequence crossing that bound, in one forward and in chunks through a sliding cache, agrees.
+  torch::manual_seed(95);
+  const int64_t t = 65600;
+  attention::MultiHeadAttention mha(
+      attention::MultiHeadAttentionOptions(4, 8, 2).sliding_window(4).rope(
+          RotaryOptions().theta(10000.0)));
+  const auto x = torch::randn({1, t, 4});
+  torch::NoGradGuard no_grad;
+  const auto whole = mha(x).output;
+  attention::SlidingKVCache cache(4);
+  std::vector<torch::Tensor> parts;
+  int64_t start = 0;
+  for (int64_t n : {65530, 3, 4, 63}) {
+    parts.push_back(mha(x.narrow(1, start, n),
+                        attention::MultiHeadAttentionForwardOptions().sliding_kv_cache(&cache))
+                        .output);
+    start += n;
+  }
+  CHECK(test::max_abs_diff(torch::cat(parts, 1), whole) < 1e-5);
 }
