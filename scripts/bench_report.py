@@ -92,13 +92,14 @@ def targets(records, second):
 
 
 def window_targets(records, second, target):
-    """Sliding window against full causal attention at the same length: the arithmetic is
-    T * w against T^2 / 2, so the ratio's floor is about 2w / T."""
+    """Sliding window against full causal attention at the same length: the arithmetic ratio
+    is that of the (query, key) pairs computed, about T * w against T^2 / 2."""
     for rs in [records] + ([second] if second else []):
         v = version(rs)
         for r in sorted((r for r in rs if r["group"] == "window"), key=lambda r: r["T"]):
             w = int(r["impl"].rsplit("window", 1)[1])
-            floor = 2 * w / r["T"]
+            t = r["T"]
+            floor = (min(t, w) * (min(t, w) + 1) / 2 + max(0, t - w) * w) / (t * (t + 1) / 2)
             target(f"7. LibTorch {v}: long-context forward T={r['T']}, sliding window {w} / full "
                    f"causal (arithmetic {floor:.3f})",
                    ratio(r, find(rs, "long", "cpp.core.chunked", r["T"])),
