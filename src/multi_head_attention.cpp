@@ -50,6 +50,7 @@ void MultiHeadAttentionImpl::reset() {
                     ": expected sliding_window >= 1 (unset for none), got ", *o.sliding_window());
   TORCH_CHECK_VALUE(!o.softcap() || (std::isfinite(*o.softcap()) && *o.softcap() > 0.0), kName,
                     ": expected a finite softcap > 0 (unset for none), got ", *o.softcap());
+  alibi_slopes_ = o.alibi() ? functional::alibi_slopes(o.num_heads()) : torch::Tensor();
   rotary_ = o.rope() ? std::make_shared<detail::RotaryCache>(
                            detail::resolve_rotary(*o.rope(), head_dim(), kName))
                      : nullptr;
@@ -78,7 +79,7 @@ functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
     attention.window_left(*o.sliding_window() - 1);
     if (!o.causal()) attention.window_right(*o.sliding_window() - 1);
   }
-  if (o.alibi()) attention.alibi_slopes(functional::alibi_slopes(o.num_heads()));
+  if (alibi_slopes_.defined()) attention.alibi_slopes(alibi_slopes_);
   if (sinks.defined()) attention.sinks(sinks);
   return attention;
 }
@@ -121,6 +122,18 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     detail::check_same_batch(x, context, kName, "x", "context");
     source = batched(context);
   }
+  auto* const sliding = forward_options.sliding_kv_cache();
+  TORCH_CHECK_VALUE(!(sliding && forward_options.kv_cache()), kName,
+                    ": expected at most one of kv_cache and sliding_kv_cache, got both");
+  if (sliding && options.sliding_window()) {
+    TORCH_CHECK_VALUE(sliding->sink_tokens() == 0 && sliding->window() >= *options.sliding_window(),
+                      kName, ": expected a sliding_kv_cache of window >= sliding_window = ",
+                      *options.sliding_window(), " and no sink tokens, got window ",
+                      sliding->window(), " and ", sliding->sink_tokens(), " sink tokens");
+  }
+  TORCH_CHECK_VALUE(!rotary_ || !forward_options.context().defined(), kName,
+                    ": rotary embeddings need queries and keys of one sequence; got a context "
+                    "(cross-attention): use a module without rope for it");
   const int64_t B = xb.size(0), t_q = xb.size(1), H = options.num_heads();
   const int64_t H_kv = options.num_kv_heads(), hd = head_dim();
 
@@ -134,19 +147,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   auto values = detail::project(W_value, source, &workspace_, kValue)
                     .view({B, source.size(1), H_kv, hd})
                     .transpose(1, 2);
-  auto* const sliding = forward_options.sliding_kv_cache();
-  TORCH_CHECK_VALUE(!(sliding && forward_options.kv_cache()), kName,
-                    ": expected at most one of kv_cache and sliding_kv_cache, got both");
-  if (sliding && options.sliding_window()) {
-    TORCH_CHECK_VALUE(sliding->sink_tokens() == 0 && sliding->window() >= *options.sliding_window(),
-                      kName, ": expected a sliding_kv_cache of window >= sliding_window = ",
-                      *options.sliding_window(), " and no sink tokens, got window ",
-                      sliding->window(), " and ", sliding->sink_tokens(), " sink tokens");
-  }
   if (rotary_) {
-    TORCH_CHECK_VALUE(!forward_options.context().defined(), kName,
-                      ": rotary embeddings need queries and keys of one sequence; got a context "
-                      "(cross-attention): use a module without rope for it");
     // After a cache's tokens, the new ones continue their positions.
     const int64_t past = forward_options.kv_cache() ? forward_options.kv_cache()->length()
                          : sliding                  ? sliding->position()

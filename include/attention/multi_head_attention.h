@@ -200,6 +200,8 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
       functional::ScaledDotProductAttentionOptions attention) const;
 
   Workspace workspace_;
+  /// ALiBi's standard slopes for num_heads, made by reset() (with `alibi(true)`).
+  torch::Tensor alibi_slopes_;
   /// The rotary embedding's cos and sin tables (shared by clones: they depend on the options
   /// only, and reset() makes new ones).
   std::shared_ptr<detail::RotaryCache> rotary_;

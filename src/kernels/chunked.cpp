@@ -66,11 +66,11 @@ void mask_tile(const Problem& p, int64_t n0, const std::vector<Tensor>& masks, T
                int64_t i0, int64_t bq, int64_t j0, int64_t bk) {
   auto by_head = scores.view({-1, bq, bk});
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(scores.device());
-  // Positions of the tile's queries (column) and keys (row).
-  const auto positions = torch::arange(i0 + p.query_offset, i0 + p.query_offset + bq, opts);
-  const auto keys = torch::arange(j0, j0 + bk, opts);
+  // The tile's query indices (a column) and keys (a row).
+  const auto queries = torch::arange(i0, i0 + bq, opts).unsqueeze(1);
+  const auto keys = torch::arange(j0, j0 + bk, opts).unsqueeze(0);
   if (!p.alibi.empty()) {
-    const auto distance = (positions.unsqueeze(1) - keys.unsqueeze(0)).abs_().to(scores.dtype());
+    const auto distance = (queries + p.query_offset - keys).abs_().to(scores.dtype());
     for (int64_t g = 0; g < by_head.size(0); ++g) {
       by_head[g].sub_(distance * p.alibi[(n0 * p.g + g) % p.heads]);
     }
@@ -83,13 +83,12 @@ void mask_tile(const Problem& p, int64_t n0, const std::vector<Tensor>& masks, T
       by_head[g].add_(tile);
     }
   }
-  const int64_t shift = p.bounded_right() ? p.diagonal() - p.query_offset : 0;
+  // Query i hides keys j > i + diagonal() and j < i + left_diagonal().
   if (p.bounded_right() && j0 + bk - 1 > i0 + p.diagonal()) {
-    by_head.masked_fill_(keys.unsqueeze(0) > (positions + shift).unsqueeze(1), -kInf);
+    by_head.masked_fill_(keys > queries + p.diagonal(), -kInf);
   }
-  const int64_t reach = p.query_offset - p.left_diagonal();  // window_left
   if (p.bounded_left() && j0 < i0 + bq - 1 + p.left_diagonal()) {
-    by_head.masked_fill_(keys.unsqueeze(0) < (positions - reach).unsqueeze(1), -kInf);
+    by_head.masked_fill_(keys < queries + p.left_diagonal(), -kInf);
   }
 }
 
@@ -290,13 +289,18 @@ Tensor head_of_matrices(const Problem& p, const at::Device& device) {
       .remainder_(p.heads);
 }
 
+// The sink logit of each query matrix, (N, G, 1), in the log-sum-exp's dtype.
+Tensor sink_per_matrix(const Problem& p, const Tensor& sinks, const Tensor& lse) {
+  return sinks.to(lse.scalar_type())
+      .index_select(0, head_of_matrices(p, lse.device()))
+      .view({p.n, p.g, 1});
+}
+
 // Attention sinks: each query's normalizer gains exp(sink) of its head. The log-sum-exp becomes
 // logaddexp(lse, sink) (a query that sees no key, lse = +inf by convention, gets the sink's) and
 // the output shrinks by exp(lse - new lse), in place.
 Tensor add_sinks(const Problem& p, Tensor& out, const Tensor& lse, const Tensor& sinks) {
-  const auto sink = sinks.to(lse.scalar_type())
-                        .index_select(0, head_of_matrices(p, lse.device()))
-                        .view({p.n, p.g, 1});
+  const auto sink = sink_per_matrix(p, sinks, lse);
   const auto seen = lse.masked_fill(lse == std::numeric_limits<double>::infinity(), -kInf);
   const auto with_sink = torch::logaddexp(seen, sink);
   auto shape = out.sizes().vec();
@@ -310,12 +314,11 @@ Tensor add_sinks(const Problem& p, Tensor& out, const Tensor& lse, const Tensor&
 Tensor sink_gradient(const Problem& p, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                      const Tensor& sinks) {
   const auto dtype = lse.scalar_type();
-  const auto heads = head_of_matrices(p, lse.device());
   const auto delta = (grad_out.to(dtype) * out.to(dtype)).sum(-1).reshape({p.n, p.g, p.t_q});
-  const auto sink = sinks.to(dtype).index_select(0, heads).view({p.n, p.g, 1});
+  const auto sink = sink_per_matrix(p, sinks, lse);
   const auto per_matrix = ((sink - lse).exp() * delta).sum(-1).neg().reshape({p.n * p.g});
   return torch::zeros({p.heads}, lse.options())
-      .index_add_(0, heads, per_matrix)
+      .index_add_(0, head_of_matrices(p, lse.device()), per_matrix)
       .to(sinks.scalar_type());
 }
 
