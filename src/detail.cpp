@@ -85,8 +85,12 @@ torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x, W
                       int slot) {
   const auto& weight = linear->weight;
   const auto& bias = linear->bias;
-  if (records_grad(x, weight, bias) || !x.is_contiguous())
-    return torch::nn::functional::linear(x, weight, bias);
+  if (records_grad(x, weight, bias)) {
+    return x.is_contiguous() && x.device().is_cpu()
+               ? linear_large(x, weight, bias)
+               : torch::nn::functional::linear(x, weight, bias);
+  }
+  if (!x.is_contiguous()) return torch::nn::functional::linear(x, weight, bias);
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(0);
   auto out =

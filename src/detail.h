@@ -63,9 +63,14 @@ bool records_grad(const Tensors&... tensors) {
 /// large buffer. Its storage cannot be resized. Anything else comes from torch::empty.
 torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& options);
 
+/// linear(x) for a contiguous CPU x that records a gradient, with its output and the input's
+/// gradient from empty_large (higher-order gradients are taken with ordinary ops).
+torch::Tensor linear_large(const torch::Tensor& x, const torch::Tensor& weight,
+                           const torch::Tensor& bias);
+
 /// linear(x) with its output from empty_large, or from `slot` of `workspace` when one is given,
-/// when no gradient is recorded (LibTorch's out= products do not record one); linear(x) itself
-/// otherwise.
+/// when no gradient is recorded (LibTorch's out= products do not record one); with a gradient,
+/// linear_large for a contiguous CPU x, linear(x) itself otherwise.
 torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x,
                       Workspace* workspace = nullptr, int slot = 0);
 

@@ -195,7 +195,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
               .backend(forward_options.backend())));
 
   auto context_vec = attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()});
-  auto output = out_proj ? out_proj(context_vec) : context_vec;
+  auto output = out_proj ? detail::project(out_proj, context_vec) : context_vec;
   auto weights = attention.weights;
   if (weights.defined() && forward_options.average_attn_weights()) weights = weights.mean(1);
   if (unbatched) {

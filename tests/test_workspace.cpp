@@ -1,14 +1,19 @@
 // The buffers MultiHeadAttention keeps between calls: reused only when nothing else refers to
 // them, never overwriting a tensor still in use, bounded by the largest call, released on
-// request; and the module's results unchanged by the reuse.
+// request; and the module's results unchanged by the reuse. The fused kernels' kept tiles: the
+// same results from kept and fresh memory, the pool's bound, release, concurrent callers.
 
 #include <attention/kv_cache.h>
 #include <attention/multi_head_attention.h>
 #include <attention/workspace.h>
 
+#include "detail.h"
 #include "helpers.h"
 
 #include <torch/torch.h>
+
+#include <atomic>
+#include <thread>
 
 using attention::MultiHeadAttention;
 using attention::MultiHeadAttentionForwardOptions;
@@ -107,4 +112,128 @@ TEST_CASE("MultiHeadAttention in training takes no workspace: autograd keeps its
   }
   mha(x).output.sum().backward();
   CHECK(torch::equal(mha->W_query->weight.grad(), grad));
+}
+
+namespace {
+
+namespace F = attention::functional;
+
+// A causal forward and backward on the fused Chunked kernels: the output and the three
+// gradients, stacked.
+torch::Tensor chunked_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           int64_t block = 256) {
+  auto ql = q.detach().requires_grad_(), kl = k.detach().requires_grad_(),
+       vl = v.detach().requires_grad_();
+  const auto out = F::scaled_dot_product_attention(ql, kl, vl,
+                                                   F::ScaledDotProductAttentionOptions()
+                                                       .is_causal(true)
+                                                       .backend(F::Backend::Chunked)
+                                                       .block_size(block))
+                       .output;
+  const auto grads = torch::autograd::grad({out}, {ql, kl, vl}, {torch::ones_like(out)});
+  return torch::stack({out.detach(), grads[0], grads[1], grads[2]});
+}
+
+}  // namespace
+
+TEST_CASE("The fused kernels keep their tiles between calls, bounded, until released",
+          "[workspace][chunked]") {
+  torch::manual_seed(5);
+  const auto q = torch::randn({2, 3, 600, 64}), k = torch::randn_like(q), v = torch::randn_like(q);
+  attention::release_kernel_workspace();
+  CHECK(attention::kernel_workspace_bytes() == 0);
+  const auto first = chunked_step(q, k, v);
+  const int64_t kept = attention::kernel_workspace_bytes();
+  // At least the backward's three 256 x 256 float tiles, at most the pool's bound.
+  CHECK(kept >= 3 * 256 * 256 * 4);
+  CHECK(kept <= (int64_t{32} << 20));
+  CHECK(torch::equal(chunked_step(q, k, v), first));   // reused tiles change nothing
+  CHECK(attention::kernel_workspace_bytes() == kept);  // and take no more memory
+  attention::release_kernel_workspace();
+  CHECK(attention::kernel_workspace_bytes() == 0);
+  CHECK(torch::equal(chunked_step(q, k, v), first));
+  // Blocks of 1024 in float need tiles above 4 MiB: used for the call, not kept.
+  attention::release_kernel_workspace();
+  const auto big = chunked_step(q, k, v, 1024);
+  CHECK(attention::kernel_workspace_bytes() == 0);
+  CHECK((big - first).abs().max().item<float>() < 1e-4);
+}
+
+TEST_CASE("The fused kernels' kept tiles under concurrent calls and releases",
+          "[workspace][chunked][concurrency]") {
+  torch::manual_seed(6);
+  const auto q = torch::randn({1, 2, 700, 32}), k = torch::randn_like(q), v = torch::randn_like(q);
+  const auto expected = chunked_step(q, k, v);
+  std::atomic<int> mismatches{0};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 6; ++i) {
+        if (!torch::equal(chunked_step(q, k, v), expected)) ++mismatches;
+      }
+    });
+  }
+  std::thread releaser([&] {
+    while (!done) {
+      attention::release_kernel_workspace();
+      std::this_thread::yield();
+    }
+  });
+  for (auto& t : threads) t.join();
+  done = true;
+  releaser.join();
+  CHECK(mismatches == 0);
+}
+
+TEST_CASE("The training projections on huge pages equal linear, in every gradient order",
+          "[workspace][multi_head_attention]") {
+  torch::manual_seed(7);
+  for (const bool with_bias : {true, false}) {
+    INFO("bias: " << with_bias);
+    const auto x = torch::randn({3, 5, 8}, torch::kDouble).requires_grad_();
+    const auto w = torch::randn({6, 8}, torch::kDouble).requires_grad_();
+    const auto b = with_bias ? torch::randn({6}, torch::kDouble).requires_grad_() : torch::Tensor();
+    const auto upstream = torch::randn({3, 5, 6}, torch::kDouble);
+    const auto ours = attention::detail::linear_large(x, w, b);
+    const auto theirs = torch::nn::functional::linear(x, w, b);
+    CHECK(torch::allclose(ours, theirs, 0, 1e-12));
+    std::vector<torch::Tensor> inputs{x, w};
+    if (with_bias) inputs.push_back(b);
+    const auto g1 = torch::autograd::grad({ours}, inputs, {upstream}, true, true);
+    const auto g2 = torch::autograd::grad({theirs}, inputs, {upstream}, true, true);
+    for (size_t i = 0; i < inputs.size(); ++i) CHECK(torch::allclose(g1[i], g2[i], 0, 1e-12));
+    // Through the first gradients (create_graph): the second ones agree too.
+    const auto h1 = torch::autograd::grad({g1[0].square().sum()}, {w});
+    const auto h2 = torch::autograd::grad({g2[0].square().sum()}, {w});
+    CHECK(torch::allclose(h1[0], h2[0], 0, 1e-12));
+  }
+}
+
+TEST_CASE("The fused backward's gradients come in the layout of their inputs",
+          "[workspace][chunked]") {
+  // Heads split from a (B, T, H * d) projection by a view: gradients that fold back into it
+  // without a copy, equal to Math's.
+  torch::manual_seed(8);
+  const auto split = [](const torch::Tensor& x) { return x.view({2, 300, 4, 16}).transpose(1, 2); };
+  const auto qp = torch::randn({2, 300, 64}, torch::kDouble),
+             kp = torch::randn({2, 300, 64}, torch::kDouble),
+             vp = torch::randn({2, 300, 64}, torch::kDouble);
+  std::vector<torch::Tensor> grads[2];
+  for (const auto backend : {F::Backend::Chunked, F::Backend::Math}) {
+    auto q = split(qp).detach().requires_grad_(), k = split(kp).detach().requires_grad_(),
+         v = split(vp).detach().requires_grad_();
+    const auto out =
+        F::scaled_dot_product_attention(
+            q, k, v,
+            F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend).block_size(64))
+            .output;
+    grads[backend == F::Backend::Math] =
+        torch::autograd::grad({out}, {q, k, v}, {torch::ones_like(out)});
+  }
+  for (int i = 0; i < 3; ++i) {
+    INFO("gradient " << i);
+    CHECK(grads[0][i].transpose(1, 2).is_contiguous());
+    CHECK(torch::allclose(grads[0][i], grads[1][i], 0, 1e-12));
+  }
 }

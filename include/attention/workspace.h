@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// Buffers a module keeps between calls for its large temporaries.
+/// Buffers kept between calls for large temporaries: a module's, and the fused kernels' tiles.
 
 #include <attention/export.h>
 #include <torch/types.h>
@@ -58,5 +58,26 @@ class ATTENTION_API Workspace {
   mutable std::mutex mutex_;
   std::vector<torch::Tensor> buffers_;  // flat, one per slot in use
 };
+
+/// The bytes the fused CPU kernels (Backend::Chunked, and Auto where it picks it) keep between
+/// calls for their tiles: one buffer per worker thread that ran them, reused by the next call
+/// instead of fresh pages each time (at the default block of 256 in float, 320 KiB for the
+/// forward and 768 KiB for the backward). Buffers above 4 MiB (block sizes above 512 in float) are
+/// not kept, nor more than 32 MiB in all.
+///
+/// Example:
+/// \code
+/// namespace F = attention::functional;
+/// auto q = torch::randn({1, 8, 2048, 64});
+/// F::scaled_dot_product_attention(q, q, q,
+///                                 F::ScaledDotProductAttentionOptions().backend(F::Backend::Chunked));
+/// std::cout << attention::kernel_workspace_bytes() << " bytes kept\n";
+/// attention::release_kernel_workspace();  // none kept from here on
+/// \endcode
+ATTENTION_API int64_t kernel_workspace_bytes();
+
+/// Frees the tile buffers the fused CPU kernels keep (see kernel_workspace_bytes()); buffers in use
+/// by a call running now are freed when it ends. Later calls allocate them again.
+ATTENTION_API void release_kernel_workspace();
 
 }  // namespace attention

@@ -9,6 +9,7 @@
 
 #include "kernels/chunked.h"
 #include "kernels/cpu_tile.h"
+#include "kernels/tile_pool.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -88,33 +89,19 @@ void dispatch_softmax_step(double* s, int64_t rows, int64_t cols, int64_t ld, bo
   softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv);
 }
 
-// An empty tensor of `sizes` whose dims lie in memory in the order of `like`'s strides.
-Tensor empty_in_layout_of(const Tensor& like, c10::IntArrayRef sizes) {
-  std::vector<int64_t> order(like.dim());
-  for (int64_t i = 0; i < like.dim(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end() - 1,
-                   [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
-  std::vector<int64_t> permuted(like.dim()), inverse(like.dim());
-  for (int64_t i = 0; i < like.dim(); ++i) {
-    permuted[i] = sizes[order[i]];
-    inverse[order[i]] = i;
-  }
-  return torch::empty(permuted, like.options()).permute(inverse);
-}
-
 template <typename T>
 class Forward {
  public:
   Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
           Tensor& lse)
-      : p_(p), q_(q), k_(k), v_(v), out_(out), lse_(lse.data_ptr<T>()), options_(q.options()) {
+      : p_(p), q_(q), k_(k), v_(v), out_(out), lse_(lse.data_ptr<T>()) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
 
   void run() {
     const int64_t blocks = (p_.t_q + p_.block - 1) / p_.block;
     at::parallel_for(0, p_.n * p_.g * blocks, 1, [&](int64_t begin, int64_t end) {
-      TileBuffers w(p_, options_);
+      TileBuffers w(p_);
       for (int64_t item = begin; item < end; ++item) {
         query_block(item / blocks, cpu::interleaved(item % blocks, blocks) * p_.block, w);
       }
@@ -122,23 +109,26 @@ class Forward {
   }
 
  private:
-  // One thread's buffers, reused for every item it takes.
+  // One thread's buffers, reused for every item it takes, from memory kept between calls.
   struct TileBuffers {
-    Tensor scores, acc;
-    std::vector<T> max, sum;
-    TileBuffers(const Problem& p, const torch::TensorOptions& options)
-        : scores(torch::empty({p.block * p.block}, options)),
-          acc(torch::empty({p.block * p.dv}, options)),
-          max(p.block),
-          sum(p.block) {}
+    cpu::TileLease lease;
+    T *scores, *acc, *max, *sum;
+    explicit TileBuffers(const Problem& p)
+        : lease(2 * cpu::TileLease::tile_bytes<T>(p.block) +
+                cpu::TileLease::tile_bytes<T>(p.block * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.block * p.dv)),
+          scores(lease.take<T>(p.block * p.block)),
+          acc(lease.take<T>(p.block * p.dv)),
+          max(lease.take<T>(p.block)),
+          sum(lease.take<T>(p.block)) {}
   };
 
   // Query head h, queries [i0, i0 + rows): every key block, then the output rows.
   void query_block(int64_t h, int64_t i0, TileBuffers& w) const {
     const int64_t rows = std::min(p_.block, p_.t_q - i0), kv = h / p_.g;
-    std::fill(w.max.begin(), w.max.end(), -std::numeric_limits<T>::infinity());
-    std::fill(w.sum.begin(), w.sum.end(), T(0));
-    T* acc = w.acc.template data_ptr<T>();
+    std::fill(w.max, w.max + p_.block, -std::numeric_limits<T>::infinity());
+    std::fill(w.sum, w.sum + p_.block, T(0));
+    T* acc = w.acc;
     std::fill(acc, acc + rows * p_.dv, T(0));
     const int64_t keys = keys_end(p_, i0, rows);
     for (int64_t j0 = keys_begin(p_, i0); j0 < keys; j0 += p_.block) {
@@ -169,13 +159,13 @@ class Forward {
   // the accumulator from `first` on.
   void tile(int64_t h, int64_t kv, int64_t i, int64_t rows, int64_t j0, int64_t cols, int64_t ld,
             int64_t seen, TileBuffers& w, int64_t first) const {
-    T* scores = w.scores.template data_ptr<T>() + first * ld;
-    T* acc = w.acc.template data_ptr<T>() + first * p_.dv;
+    T* scores = w.scores + first * ld;
+    T* acc = w.acc + first * p_.dv;
     cpu::gemm<T>(false, true, rows, cols, p_.d, static_cast<T>(p_.scale), q_.row(h, i),
                  q_.row_stride, k_.row(kv, j0), k_.row_stride, 0, scores, ld);
     cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr);
-    dispatch_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, w.max.data() + first,
-                          w.sum.data() + first, acc, p_.dv);
+    dispatch_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, w.max + first,
+                          w.sum + first, acc, p_.dv);
     cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
                  acc, p_.dv);
   }
@@ -183,7 +173,6 @@ class Forward {
   const Problem& p_;
   Matrices<T> q_, k_, v_, out_;
   T* lse_;
-  torch::TensorOptions options_;
   std::vector<int64_t> mask_at_;
 };
 
@@ -206,7 +195,7 @@ std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, con
                v = cpu::rows_contiguous(value);
   auto sizes = q.sizes().vec();
   sizes.back() = p.dv;
-  Tensor out = empty_in_layout_of(q, sizes);
+  Tensor out = cpu::empty_in_layout_of(q, sizes);
   Tensor lse = torch::empty({p.n, p.g, p.t_q}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_forward",
                              [&] { Forward<scalar_t>(p, q, k, v, out, lse).run(); });

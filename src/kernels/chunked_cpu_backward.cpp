@@ -11,6 +11,7 @@
 
 #include "kernels/chunked.h"
 #include "kernels/cpu_tile.h"
+#include "kernels/tile_pool.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -106,14 +107,32 @@ int64_t splits_per_head(const Problem& p, int64_t key_blocks) {
   return std::clamp<int64_t>(std::min(threads, (2 * threads + p.n - 1) / p.n), 1, key_blocks);
 }
 
+// delta: each query row's dot product of its output and output gradient, (N * G, Tq), without
+// a temporary of the output's size.
+template <typename T>
+void output_dots(const Problem& p, const Tensor& out, const Tensor& grad_out, Tensor& delta) {
+  const cpu::Matrices<T> o(out), g(grad_out);
+  T* d = delta.data_ptr<T>();
+  at::parallel_for(0, p.n * p.g * p.t_q, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* a = o.row(row / p.t_q, row % p.t_q);
+      const T* b = g.row(row / p.t_q, row % p.t_q);
+      T sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < p.dv; ++c) sum += a[c] * b[c];
+      d[row] = sum;
+    }
+  });
+}
+
 template <typename T>
 class Backward {
  public:
-  // lse and delta: (N * G, Tq), contiguous; dq_parts: (splits, N * G, Tq, d) zeros; dk and dv:
-  // (N, Tk, d) and (N, Tk, dv), contiguous, every row written here.
+  // lse and delta: (N * G, Tq), contiguous; dq_parts: one tensor per split shaped as q, zeros;
+  // dk and dv shaped as k and v, every row written here. Gradients have contiguous rows.
   Backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-           const Tensor& grad_out, const Tensor& lse, const Tensor& delta, Tensor& dq_parts,
-           Tensor& dk, Tensor& dv)
+           const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
+           const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv)
       : p_(p),
         q_(q),
         k_(k),
@@ -121,10 +140,10 @@ class Backward {
         go_(grad_out),
         lse_(lse.data_ptr<T>()),
         delta_(delta.data_ptr<T>()),
-        dq_(dq_parts.data_ptr<T>()),
-        dk_(dk.data_ptr<T>()),
-        dv_(dv.data_ptr<T>()),
-        splits_(dq_parts.size(0)) {
+        dq_(dq_parts.begin(), dq_parts.end()),
+        dk_(dk),
+        dv_(dv),
+        splits_(static_cast<int64_t>(dq_parts.size())) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
 
@@ -134,31 +153,35 @@ class Backward {
       TileBuffers w(p_.block, p_.softcap > 0.0);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t kv = item / splits_, split = item % splits_;
-        T* dq = dq_ + split * p_.n * p_.g * p_.t_q * p_.d;
-        for (int64_t b = split; b < key_blocks; b += splits_) key_block(kv, b * p_.block, dq, w);
+        for (int64_t b = split; b < key_blocks; b += splits_)
+          key_block(kv, b * p_.block, dq_[split], w);
       }
     });
   }
 
  private:
-  // One thread's tiles: scores, probabilities, and the gradient of the probabilities (then of
-  // the scores).
+  // One thread's tiles, from memory kept between calls: scores, probabilities, the gradient of
+  // the probabilities (then of the scores), and with soft-capping the cap's slope.
   struct TileBuffers {
-    std::vector<T> s, prob, dp, cap_slope;
+    cpu::TileLease lease;
+    T *s, *prob, *dp, *cap_slope;
     TileBuffers(int64_t block, bool capped)
-        : s(block * block),
-          prob(block * block),
-          dp(block * block),
-          cap_slope(capped ? block * block : 0) {}
+        : lease((capped ? 4 : 3) * cpu::TileLease::tile_bytes<T>(block * block)),
+          s(lease.take<T>(block * block)),
+          prob(lease.take<T>(block * block)),
+          dp(lease.take<T>(block * block)),
+          cap_slope(capped ? lease.take<T>(block * block) : nullptr) {}
   };
 
   // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
-  void key_block(int64_t kv, int64_t j0, T* dq, TileBuffers& w) const {
+  void key_block(int64_t kv, int64_t j0, const cpu::Matrices<T>& dq, TileBuffers& w) const {
     const int64_t cols = std::min(p_.block, p_.t_k - j0);
-    T* dk = dk_ + (kv * p_.t_k + j0) * p_.d;
-    T* dv = dv_ + (kv * p_.t_k + j0) * p_.dv;
-    std::fill(dk, dk + cols * p_.d, T(0));
-    std::fill(dv, dv + cols * p_.dv, T(0));
+    T* dk = dk_.row(kv, j0);
+    T* dv = dv_.row(kv, j0);
+    for (int64_t c = 0; c < cols; ++c) {
+      std::fill(dk + c * dk_.row_stride, dk + c * dk_.row_stride + p_.d, T(0));
+      std::fill(dv + c * dv_.row_stride, dv + c * dv_.row_stride + p_.dv, T(0));
+    }
     // The queries that see a key of the block (causal: query i sees keys j <= i + diagonal;
     // a window: keys j >= i + left_diagonal).
     const int64_t first = queries_begin(p_, j0), last = queries_end(p_, j0, cols);
@@ -173,8 +196,8 @@ class Backward {
           const int64_t sr = std::min(strip, rows - r0);
           const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
           if (c.end > c.begin) {
-            tile(h, kv, i0 + r0, sr, j0 + c.begin, c.end - c.begin, dq, dk + c.begin * p_.d,
-                 dv + c.begin * p_.dv, w);
+            tile(h, kv, i0 + r0, sr, j0 + c.begin, c.end - c.begin, dq,
+                 dk + c.begin * dk_.row_stride, dv + c.begin * dv_.row_stride, w);
           }
         }
       }
@@ -182,21 +205,21 @@ class Backward {
   }
 
   // Queries [i0, i0 + rows) of query head h against keys [j0, j0 + cols) of head kv.
-  void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* dq, T* dk,
-            T* dv, TileBuffers& w) const {
+  void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+            const cpu::Matrices<T>& dq, T* dk, T* dv, TileBuffers& w) const {
     const T scale = static_cast<T>(p_.scale);
     const T* q = q_.row(h, i0);
     const T* k = k_.row(kv, j0);
     const T* v = v_.row(kv, j0);
     const T* go = go_.row(h, i0);
-    T *s = w.s.data(), *prob = w.prob.data(), *dp = w.dp.data();
-    T* cap_slope = w.cap_slope.empty() ? nullptr : w.cap_slope.data();
+    T *s = w.s, *prob = w.prob, *dp = w.dp, *cap_slope = w.cap_slope;
     cpu::gemm<T>(false, true, rows, cols, p_.d, scale, q, q_.row_stride, k, k_.row_stride, 0, s,
                  cols);
     cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope);
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * p_.t_q + i0);
-    cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv, p_.dv);
+    cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv,
+                 dv_.row_stride);
     cpu::gemm<T>(false, true, rows, cols, p_.dv, 1, go, go_.row_stride, v, v_.row_stride, 0, dp,
                  cols);
     dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * p_.t_q + i0);
@@ -204,17 +227,17 @@ class Backward {
       for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
     }
     cpu::gemm<T>(false, false, rows, p_.d, cols, scale, dp, cols, k, k_.row_stride, 1,
-                 dq + (h * p_.t_q + i0) * p_.d, p_.d);
-    cpu::gemm<T>(true, false, cols, p_.d, rows, scale, dp, cols, q, q_.row_stride, 1, dk, p_.d);
+                 dq.row(h, i0), dq.row_stride);
+    cpu::gemm<T>(true, false, cols, p_.d, rows, scale, dp, cols, q, q_.row_stride, 1, dk,
+                 dk_.row_stride);
   }
 
   const Problem& p_;
   cpu::Matrices<T> q_, k_, v_, go_;
   const T* lse_;
   const T* delta_;
-  T* dq_;
-  T* dk_;
-  T* dv_;
+  std::vector<cpu::Matrices<T>> dq_;
+  cpu::Matrices<T> dk_, dv_;
   int64_t splits_;
   std::vector<int64_t> mask_at_;
 };
@@ -234,18 +257,23 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
   }
   const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
                v = cpu::rows_contiguous(value);
-  const Tensor go = cpu::rows_contiguous(grad_out);
-  const Tensor delta = (go * out).sum(-1).reshape({p.n * p.g, p.t_q}).contiguous();
+  const Tensor go = cpu::rows_contiguous(grad_out), o = cpu::rows_contiguous(out);
+  Tensor delta = torch::empty({p.n * p.g, p.t_q}, q.options());
   const Tensor lse_rows = lse.reshape({p.n * p.g, p.t_q}).contiguous();
   const int64_t splits = splits_per_head(p, (p.t_k + p.block - 1) / p.block);
-  Tensor dq_parts = torch::zeros({splits, p.n * p.g, p.t_q, p.d}, q.options());
-  Tensor dk = torch::empty({p.n, p.t_k, p.d}, q.options());
-  Tensor dv = torch::empty({p.n, p.t_k, p.dv}, q.options());
+  // The gradients are fresh tensors on every call (autograd keeps them), in the memory layout
+  // of their inputs: heads split from a (B, T, H * d) projection by a view get gradients that
+  // fold back into it without a copy. Large ones on huge pages (cpu::empty_in_layout_of).
+  std::vector<Tensor> dq_parts(splits);
+  for (auto& part : dq_parts) part = cpu::empty_in_layout_of(q, q.sizes()).zero_();
+  const Tensor dk = cpu::empty_in_layout_of(k, k.sizes());
+  const Tensor dv = cpu::empty_in_layout_of(v, v.sizes());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_backward", [&] {
+    output_dots<scalar_t>(p, o, go, delta);
     Backward<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv).run();
   });
-  Tensor dq = splits == 1 ? dq_parts[0] : dq_parts.sum(0);
-  return {dq.view(query.sizes()), dk.view(key.sizes()), dv.view(value.sizes())};
+  for (int64_t s = 1; s < splits; ++s) dq_parts[0].add_(dq_parts[s]);
+  return {dq_parts[0], dk, dv};
 }
 
 }  // namespace kernels

@@ -1,5 +1,9 @@
 #include "kernels/cpu_tile.h"
 
+#include "detail.h"
+
+#include <algorithm>
+
 namespace attention {
 namespace kernels {
 namespace cpu {
@@ -8,6 +12,19 @@ Problem with_float_mask(const Problem& p) {
   Problem widened = p;
   if (p.mask.defined() && p.mask.is_floating_point()) widened.mask = p.mask.to(at::kFloat);
   return widened;
+}
+
+torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef sizes) {
+  std::vector<int64_t> order(like.dim());
+  for (int64_t i = 0; i < like.dim(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end() - 1,
+                   [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  std::vector<int64_t> permuted(like.dim()), inverse(like.dim());
+  for (int64_t i = 0; i < like.dim(); ++i) {
+    permuted[i] = sizes[order[i]];
+    inverse[order[i]] = i;
+  }
+  return detail::empty_large(permuted, like.options()).permute(inverse);
 }
 
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t) {

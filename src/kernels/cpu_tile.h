@@ -82,6 +82,10 @@ inline torch::Tensor rows_contiguous(const torch::Tensor& t) {
   return t.stride(-1) == 1 ? t : t.contiguous();
 }
 
+/// An uninitialized tensor of `sizes` whose dims lie in memory in the order of `like`'s strides
+/// (its last dim last), large ones on huge pages: outputs written in their input's layout.
+torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef sizes);
+
 /// The element offset of every matrix (the last two dims) of `t`, in flattened leading order.
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t);
 
