@@ -81,30 +81,6 @@ torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& op
   return torch::empty(sizes, options);
 }
 
-torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x, Workspace* workspace,
-                      int slot) {
-  const auto& weight = linear->weight;
-  const auto& bias = linear->bias;
-  if (records_grad(x, weight, bias)) {
-    return x.is_contiguous() && x.device().is_cpu()
-               ? linear_large(x, weight, bias)
-               : torch::nn::functional::linear(x, weight, bias);
-  }
-  if (!x.is_contiguous()) return torch::nn::functional::linear(x, weight, bias);
-  auto sizes = x.sizes().vec();
-  sizes.back() = weight.size(0);
-  auto out =
-      workspace ? workspace->take(slot, sizes, x.options()) : empty_large(sizes, x.options());
-  auto out_rows = out.view({-1, weight.size(0)});
-  const auto x_rows = x.view({-1, x.size(-1)});
-  if (bias.defined()) {
-    at::addmm_out(out_rows, bias, x_rows, weight.t());
-  } else {
-    at::mm_out(out_rows, x_rows, weight.t());
-  }
-  return out;
-}
-
 void check_cache_append(const torch::Tensor& keys, const torch::Tensor& values,
                         const torch::Tensor& cached, const char* cache) {
   TORCH_CHECK_VALUE(
