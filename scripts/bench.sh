@@ -38,7 +38,7 @@ rm -rf "$out/libtorch2"
 if $libtorch2; then
   # shellcheck source=debian13.sh
   source "$ROOT/scripts/debian13.sh"
-  debian13_enter libtcmalloc-minimal4t64
+  debian13_enter libtcmalloc-minimal4t64 libxsmm-dev
   debian13_run "cmake -S /src -B $DEBIAN13_BUILD -DCMAKE_BUILD_TYPE=Release \
       -DATTENTION_BUILD_TOOLS=ON >/dev/null
     cmake --build $DEBIAN13_BUILD --target attention-bench -j \"\$JOBS\"

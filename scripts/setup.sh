@@ -11,6 +11,8 @@ packages=(
   libgloo-dev
   # Without OpenBLAS Debian's libtorch falls back to the reference BLAS, ~24x slower.
   libopenblas0-openmp
+  # The fused CPU kernels' tile products (generated per shape; BLAS where it is missing).
+  libxsmm-dev
   # scripts/bench.sh compares against Python with tcmalloc preloaded; matplotlib draws its plots.
   libtcmalloc-minimal4 python3-matplotlib
   # API docs and the lint step of scripts/test.sh.

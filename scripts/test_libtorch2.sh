@@ -11,7 +11,7 @@ source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/debian13.sh"
 start=$SECONDS
 
-debian13_enter zlib1g-dev libgloo-dev
+debian13_enter zlib1g-dev libgloo-dev libxsmm-dev
 debian13_run 'python3 -c "import torch; print(\"test_libtorch2.sh: torch\", torch.__version__)"'
 debian13_build -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON -DATTENTION_DISTRIBUTED=ON
 debian13_run "$DEBIAN13_BUILD/attention-demo | tail -n 1

@@ -1,14 +1,17 @@
-// The matrix product of the fused CPU kernels, on both of its routes (the process's BLAS called
-// directly, and LibTorch's addmm), against torch::mm in double: every transpose combination,
-// padded row strides, beta 0 with C full of NaN (which must not be read), and the shapes BLAS
-// itself refuses (a one-row operand whose row stride is below its width).
+// The matrix product of the fused CPU kernels, on each of its routes (libxsmm's generated
+// kernels, the process's BLAS called directly, and LibTorch's addmm), against torch::mm in
+// double: every transpose combination, padded row strides, beta 0 with C full of NaN (which must
+// not be read), the shapes BLAS itself refuses (a one-row operand whose row stride is below its
+// width), and what the libxsmm route takes and refuses.
 
 #include "kernels/cpu_blas.h"
+#include "kernels/cpu_small_gemm.h"
 
 #include <torch/torch.h>
 #include "catch_compat.h"
 
 #include <random>
+#include <vector>
 
 namespace cpu = attention::kernels::cpu;
 
@@ -29,10 +32,12 @@ Padded padded(int64_t rows, int64_t cols, int64_t pad, double fill_padding) {
   return {storage, cols};
 }
 
+// Random products up to max_side on a side; with unit_alpha, alpha is 1 (what the libxsmm route
+// takes).
 template <typename T, typename Route>
-void check_route(Route route, const char* name) {
+void check_route(Route route, const char* name, int64_t max_side = 70, bool unit_alpha = false) {
   std::mt19937 rng(7);
-  std::uniform_int_distribution<int64_t> size(1, 70), pad(0, 5);
+  std::uniform_int_distribution<int64_t> size(1, max_side), pad(0, 5);
   for (int trial = 0; trial < 60; ++trial) {
     const bool trans_a = trial % 2 == 1, trans_b = trial / 2 % 2 == 1, accumulate = trial % 3 == 0;
     const int64_t m = size(rng), n = size(rng), k = size(rng);
@@ -43,7 +48,7 @@ void check_route(Route route, const char* name) {
     if (accumulate) c.matrix().copy_(torch::randn({m, n}, c.storage.options()));
     const auto op_a = trans_a ? a.matrix().t() : a.matrix();
     const auto op_b = trans_b ? b.matrix().t() : b.matrix();
-    const T alpha = T(0.75), beta = accumulate ? T(1) : T(0);
+    const T alpha = unit_alpha ? T(1) : T(0.75), beta = accumulate ? T(1) : T(0);
     const auto expected =
         (alpha * torch::mm(op_a.to(at::kDouble), op_b.to(at::kDouble)) +
          (accumulate ? c.matrix().to(at::kDouble) : torch::zeros({m, n}, at::kDouble)));
@@ -57,11 +62,21 @@ void check_route(Route route, const char* name) {
   }
 }
 
+// small_gemm() (with its scratch) where it takes the product, addmm where it does not.
+template <typename T>
+void small_or_addmm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
+                    const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  std::vector<T> scratch(m * n);
+  if (!cpu::small_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                          scratch.data()))
+    cpu::gemm_through_addmm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("cpu::gemm equals torch::mm on both routes", "[cpu_blas]", float, double) {
   INFO("gemm_route() = " << cpu::gemm_route());
-  check_route<TestType>(cpu::gemm<TestType>, "gemm");
+  check_route<TestType>([](auto... args) { cpu::gemm<TestType>(args...); }, "gemm");
   check_route<TestType>(cpu::gemm_through_addmm<TestType>, "gemm_through_addmm");
 }
 
@@ -74,4 +89,70 @@ TEST_CASE("cpu::gemm takes a one-row operand whose row stride is below its width
   cpu::gemm<float>(false, false, 1, 3, 5, 1.0f, a.data_ptr<float>(), 1, b.data_ptr<float>(), 3,
                    0.0f, c.data_ptr<float>(), 3);
   REQUIRE(torch::allclose(c, torch::mm(a.view({1, 5}), b), 1e-5, 1e-5));
+}
+
+TEMPLATE_TEST_CASE("cpu::small_gemm equals torch::mm where it takes the product", "[cpu_blas]",
+                   float, double) {
+  INFO("small_gemm_enabled() = " << cpu::small_gemm_enabled());
+  check_route<TestType>(small_or_addmm<TestType>, "small_gemm", 70, true);
+  // Tile-sized products: several blocks of the transposition, and sides that are not multiples
+  // of the generated kernels' register blocks.
+  check_route<TestType>(small_or_addmm<TestType>, "small_gemm", 300, true);
+}
+
+TEST_CASE("cpu::small_gemm takes the fused kernels' products and refuses what it cannot compute",
+          "[cpu_blas]") {
+  if (!cpu::small_gemm_enabled()) {
+    WARN("skipped: this build has no libxsmm, or ATTENTION_CPU_GEMM switched it off");
+    return;
+  }
+  const int64_t side = 64;
+  const auto a = torch::randn({side, side}), b = torch::randn({side, side});
+  const float* pa = a.data_ptr<float>();
+  const float* pb = b.data_ptr<float>();
+  auto c = torch::zeros({side, side});
+  float* pc = c.data_ptr<float>();
+  std::vector<float> scratch(side * side);
+  // The kernels' products: alpha 1, A plain or transposed, beta 0, and beta 1 with scratch.
+  for (const bool trans_a : {false, true}) {
+    INFO("trans_a " << trans_a);
+    CHECK(cpu::small_gemm<float>(trans_a, false, side, side, side, 1.0f, pa, side, pb, side, 0.0f,
+                                 pc, side, nullptr));
+    CHECK(cpu::small_gemm<float>(trans_a, false, side, side, side, 1.0f, pa, side, pb, side, 1.0f,
+                                 pc, side, scratch.data()));
+  }
+  // What it refuses leaves C as it was.
+  const auto before = c.clone();
+  CHECK_FALSE(cpu::small_gemm<float>(false, true, side, side, side, 1.0f, pa, side, pb, side, 0.0f,
+                                     pc, side, nullptr));
+  CHECK_FALSE(cpu::small_gemm<float>(false, false, side, side, side, 0.5f, pa, side, pb, side, 0.0f,
+                                     pc, side, nullptr));
+  CHECK_FALSE(cpu::small_gemm<float>(false, false, side, side, side, 1.0f, pa, side, pb, side, 0.5f,
+                                     pc, side, scratch.data()));
+  CHECK_FALSE(cpu::small_gemm<float>(false, false, side, side, side, 1.0f, pa, side, pb, side, 1.0f,
+                                     pc, side, nullptr));
+  const int64_t too_long = cpu::kMaxSmallGemmSide + 1;
+  const auto wide = torch::randn({side, too_long});
+  auto wide_c = torch::zeros({side, too_long});
+  CHECK_FALSE(cpu::small_gemm<float>(false, false, side, too_long, side, 1.0f, pa, side,
+                                     wide.data_ptr<float>(), too_long, 0.0f,
+                                     wide_c.data_ptr<float>(), too_long, nullptr));
+  CHECK(torch::equal(c, before));
+  CHECK(torch::equal(wide_c, torch::zeros_like(wide_c)));
+  CHECK(std::string(cpu::gemm_route()) == "libxsmm");
+}
+
+TEMPLATE_TEST_CASE("cpu::transpose_scaled turns and scales a strided block", "[cpu_blas]", float,
+                   double) {
+  // Sides that are not multiples of its square blocks, a padded input and output.
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 70}, {256, 64}, {1, 5}}) {
+    const auto dtype = c10::CppTypeToScalarType<TestType>::value;
+    const auto in = torch::randn({rows, cols + 3}, torch::dtype(dtype));
+    auto out = torch::full({cols, rows + 2}, 7.0, torch::dtype(dtype));
+    cpu::transpose_scaled<TestType>(in.template data_ptr<TestType>(), cols + 3, rows, cols,
+                                    TestType(0.5), out.template data_ptr<TestType>(), rows + 2);
+    INFO(rows << " x " << cols);
+    CHECK(torch::equal(out.narrow(1, 0, rows), in.narrow(1, 0, cols).t() * 0.5));
+    CHECK(torch::equal(out.narrow(1, rows, 2), torch::full({cols, 2}, 7.0, torch::dtype(dtype))));
+  }
 }

@@ -1,11 +1,13 @@
-// The chunked forward on the CPU, fused. Each thread takes (query head, query block) items and
-// keeps one tile of scores in its cache while the scores, the online-softmax step and the
-// weighted sum of values run over it; no LibTorch op works on more than one tile, so there is
-// one pass over memory per product instead of one per element-wise op. The two products go to
-// BLAS (cpu_blas.h). The softmax step is a loop the compiler vectorizes, with a polynomial
-// exp, built for several instruction sets and picked at run time on x86-64. Queries, keys and
-// values are read in place through their strides, so heads split by a view/transpose are not
-// copied, and the output is written in the queries' memory layout.
+// The chunked forward on the CPU, fused. Each thread takes items of a query head and up to four
+// of its query blocks, and keeps one tile of scores in its cache while the scores, the
+// online-softmax step and the weighted sum of values run over it; no LibTorch op works on more
+// than one tile, so there is one pass over memory per product instead of one per element-wise
+// op. Each key block's keys are transposed (and scaled) once for the item's query blocks, so
+// both products read their operands along rows, as the generated small-product kernels want
+// (cpu_blas.h, cpu_small_gemm.h). The softmax step is a loop the compiler vectorizes, with a
+// polynomial exp, built for several instruction sets and picked at run time on x86-64. Queries,
+// keys and values are read in place through their strides, so heads split by a view/transpose
+// are not copied, and the output is written in the queries' memory layout.
 
 #include "kernels/chunked.h"
 #include "kernels/cpu_tile.h"
@@ -100,48 +102,74 @@ class Forward {
 
   void run() {
     const int64_t blocks = (p_.t_q + p_.block - 1) / p_.block;
-    at::parallel_for(0, p_.n * p_.g * blocks, 1, [&](int64_t begin, int64_t end) {
-      TileBuffers w(p_);
+    const int64_t group = group_size(blocks);
+    const int64_t groups = (blocks + group - 1) / group;
+    at::parallel_for(0, p_.n * p_.g * groups, 1, [&](int64_t begin, int64_t end) {
+      TileBuffers w(p_, group);
       for (int64_t item = begin; item < end; ++item) {
-        query_block(item / blocks, cpu::interleaved(item % blocks, blocks) * p_.block, w);
+        const int64_t first = cpu::interleaved(item % groups, groups) * group;
+        query_blocks(item / groups, first, std::min(group, blocks - first), w);
       }
     });
   }
 
  private:
-  // One thread's buffers, reused for every item it takes, from memory kept between calls.
+  // Query blocks per item: each key block is then turned once for all of them. Without a
+  // window's left edge every query block's keys start at 0, so a group's blocks split their keys
+  // into the same key blocks as they would alone, and the results do not depend on the grouping;
+  // with one they do not line up, and each query block is an item. Enough items are left to keep
+  // every thread busy.
+  int64_t group_size(int64_t blocks) const {
+    if (p_.bounded_left()) return 1;
+    const int64_t threads = at::get_num_threads();
+    return std::clamp<int64_t>(p_.n * p_.g * blocks / (8 * threads), 1, kMaxGroup);
+  }
+
+  static constexpr int64_t kMaxGroup = 4;
+
+  // One thread's buffers, reused for every item it takes, from memory kept between calls: the
+  // scores, and for each query block of a group its accumulated values and each row's running
+  // maximum and sum; the key block's keys transposed (and scaled), and a tile's weighted values
+  // before they are added to the accumulated ones.
   struct TileBuffers {
     cpu::TileLease lease;
-    T *scores, *acc, *max, *sum;
-    explicit TileBuffers(const Problem& p)
-        : lease(2 * cpu::TileLease::tile_bytes<T>(p.block) +
+    T *scores, *acc, *max, *sum, *keys_t, *product;
+    TileBuffers(const Problem& p, int64_t group)
+        : lease(2 * cpu::TileLease::tile_bytes<T>(group * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * p.block) +
+                cpu::TileLease::tile_bytes<T>(group * p.block * p.dv) +
+                cpu::TileLease::tile_bytes<T>(p.d * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * p.dv)),
           scores(lease.take<T>(p.block * p.block)),
-          acc(lease.take<T>(p.block * p.dv)),
-          max(lease.take<T>(p.block)),
-          sum(lease.take<T>(p.block)) {}
+          acc(lease.take<T>(group * p.block * p.dv)),
+          max(lease.take<T>(group * p.block)),
+          sum(lease.take<T>(group * p.block)),
+          keys_t(lease.take<T>(p.d * p.block)),
+          product(lease.take<T>(p.block * p.dv)) {}
   };
 
-  // Query head h, queries [i0, i0 + rows): every key block, then the output rows.
-  void query_block(int64_t h, int64_t i0, TileBuffers& w) const {
-    const int64_t rows = std::min(p_.block, p_.t_q - i0), kv = h / p_.g;
-    std::fill(w.max, w.max + p_.block, -std::numeric_limits<T>::infinity());
-    std::fill(w.sum, w.sum + p_.block, T(0));
-    T* acc = w.acc;
-    std::fill(acc, acc + rows * p_.dv, T(0));
+  // The running state of one query block's rows: accumulated values, maximum and sum.
+  struct Rows {
+    T *acc, *max, *sum;
+  };
+
+  // Query head h, the `count` query blocks from block `first` on: every key block they see, each
+  // turned once and taken by every query block that sees it, then their output rows.
+  void query_blocks(int64_t h, int64_t first, int64_t count, TileBuffers& w) const {
+    const int64_t kv = h / p_.g, i0 = first * p_.block;
+    const int64_t rows = std::min(count * p_.block, p_.t_q - i0);
+    std::fill(w.max, w.max + rows, -std::numeric_limits<T>::infinity());
+    std::fill(w.sum, w.sum + rows, T(0));
+    std::fill(w.acc, w.acc + rows * p_.dv, T(0));
     const int64_t keys = keys_end(p_, i0, rows);
     for (int64_t j0 = keys_begin(p_, i0); j0 < keys; j0 += p_.block) {
-      const int64_t cols = std::min(p_.block, keys - j0);
-      const int64_t strip = cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
-      for (int64_t r0 = 0; r0 < rows; r0 += strip) {
-        const int64_t sr = std::min(strip, rows - r0);
-        const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
-        // Keys of the strip's columns that its first row sees (visible_end before its clamp:
-        // rows above the first visible one count down from it).
-        const int64_t seen = i0 + r0 + 1 + p_.diagonal() - (j0 + c.begin);
-        if (c.end > c.begin)
-          tile(h, kv, i0 + r0, sr, j0 + c.begin, c.end - c.begin, cols, seen, w, r0);
+      // The scores read both operands along rows: the keys turned once for the group's tiles.
+      cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, std::min(p_.block, keys - j0), p_.d,
+                               static_cast<T>(p_.scale), w.keys_t, p_.block);
+      for (int64_t b = 0; b < count; ++b) {
+        const int64_t offset = b * p_.block;
+        const Rows state{w.acc + offset * p_.dv, w.max + offset, w.sum + offset};
+        key_block(h, kv, i0 + offset, std::min(p_.block, p_.t_q - i0 - offset), j0, state, w);
       }
     }
     T* lse = lse_ + h * p_.t_q + i0;
@@ -149,25 +177,47 @@ class Forward {
       const bool dead = w.sum[r] == T(0);  // NaN sums are not dead: they stay NaN
       const T inverse = dead ? T(0) : T(1) / w.sum[r];
       T* o = out_.row(h, i0 + r);
-      for (int64_t c = 0; c < p_.dv; ++c) o[c] = acc[r * p_.dv + c] * inverse;
+      for (int64_t c = 0; c < p_.dv; ++c) o[c] = w.acc[r * p_.dv + c] * inverse;
       lse[r] = dead ? std::numeric_limits<T>::infinity() : w.max[r] + std::log(w.sum[r]);
     }
   }
 
-  // Queries [i, i + rows) against keys [j0, j0 + cols): scores in a (rows, cols) window of the
-  // tile buffers with row stride ld, the softmax step, and the weighted values into the rows of
-  // the accumulator from `first` on.
-  void tile(int64_t h, int64_t kv, int64_t i, int64_t rows, int64_t j0, int64_t cols, int64_t ld,
-            int64_t seen, TileBuffers& w, int64_t first) const {
-    T* scores = w.scores + first * ld;
-    T* acc = w.acc + first * p_.dv;
-    cpu::gemm<T>(false, true, rows, cols, p_.d, static_cast<T>(p_.scale), q_.row(h, i),
-                 q_.row_stride, k_.row(kv, j0), k_.row_stride, 0, scores, ld);
+  // Queries [i0, i0 + rows) of head h against the key block from j0 (whose transposed keys `w`
+  // holds), where they see it: tiles, or strips of rows where an edge crosses it.
+  void key_block(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, const Rows& state,
+                 TileBuffers& w) const {
+    const int64_t keys = keys_end(p_, i0, rows);
+    if (j0 >= keys || j0 < keys_begin(p_, i0)) return;
+    const int64_t cols = std::min(p_.block, keys - j0);
+    const int64_t strip = cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+      const int64_t sr = std::min(strip, rows - r0);
+      const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
+      // Keys of the strip's columns that its first row sees (visible_end before its clamp:
+      // rows above the first visible one count down from it).
+      const int64_t seen = i0 + r0 + 1 + p_.diagonal() - (j0 + c.begin);
+      if (c.end > c.begin) {
+        const Rows strip_state{state.acc + r0 * p_.dv, state.max + r0, state.sum + r0};
+        tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, cols, seen, strip_state,
+             w.scores + r0 * cols, w);
+      }
+    }
+  }
+
+  // Queries [i, i + rows) against keys [block + from, block + from + cols), of the key block
+  // whose transposed keys `w` holds: scores in `scores` (row stride ld), the softmax step, and
+  // the weighted values into the rows' accumulated values.
+  void tile(int64_t h, int64_t kv, int64_t i, int64_t rows, int64_t block, int64_t from,
+            int64_t cols, int64_t ld, int64_t seen, const Rows& state, T* scores,
+            const TileBuffers& w) const {
+    const int64_t j0 = block + from;
+    cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q_.row(h, i), q_.row_stride, w.keys_t + from,
+                 p_.block, 0, scores, ld);
     cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr);
-    dispatch_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, w.max + first,
-                          w.sum + first, acc, p_.dv);
+    dispatch_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, state.max, state.sum,
+                          state.acc, p_.dv);
     cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
-                 acc, p_.dv);
+                 state.acc, p_.dv, w.product);
   }
 
   const Problem& p_;

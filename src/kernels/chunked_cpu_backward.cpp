@@ -6,8 +6,9 @@
 // the item's own rows: one item per key/value head when there are enough heads for the threads,
 // otherwise the key blocks of a head are split between items, each with its own copy of the
 // query gradients, summed at the end (one extra copy per split, at most one per thread).
-// Tiles above the causal diagonal are skipped; each tile is five BLAS products and two
-// vectorized element-wise passes over a block of scores that stays in the cache.
+// Tiles above the causal diagonal are skipped; each tile is five products (cpu_blas.h; the key
+// block's keys and values transposed once for all of its tiles) and two vectorized element-wise
+// passes over a block of scores that stays in the cache.
 
 #include "kernels/chunked.h"
 #include "kernels/cpu_tile.h"
@@ -51,11 +52,13 @@ ATTENTION_ALWAYS_INLINE void probabilities(T* s, T* prob, int64_t rows, int64_t 
   }
 }
 
-// The gradient of the tile's scaled scores, written over the gradient of its probabilities `dp`:
-// prob * (dp - delta) row by row, 0 at hidden keys (where delta may be NaN).
+// The gradient of the tile's scaled scores times the scale, written over the gradient of its
+// probabilities `dp`: scale * prob * (dp - delta) row by row, 0 at hidden keys (where delta may
+// be NaN). With the scale in it, it is the gradient of the products q . k, and the two products
+// that take it need no alpha (which the small-product route cannot apply).
 template <typename T>
 ATTENTION_ALWAYS_INLINE void score_gradients(const T* s, const T* prob, T* dp, int64_t rows,
-                                             int64_t cols, const T* delta) {
+                                             int64_t cols, const T* delta, T scale) {
   constexpr T kInf = std::numeric_limits<T>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
     const T* score = s + r * cols;
@@ -64,7 +67,7 @@ ATTENTION_ALWAYS_INLINE void score_gradients(const T* s, const T* prob, T* dp, i
     const T row_delta = delta[r];
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
-      g[j] = score[j] == -kInf ? T(0) : pr[j] * (g[j] - row_delta);
+      g[j] = score[j] == -kInf ? T(0) : pr[j] * (g[j] - row_delta) * scale;
     }
   }
 }
@@ -75,8 +78,9 @@ ATTENTION_MULTIVERSION void probabilities_f32(float* s, float* prob, int64_t row
 }
 
 ATTENTION_MULTIVERSION void score_gradients_f32(const float* s, const float* prob, float* dp,
-                                                int64_t rows, int64_t cols, const float* delta) {
-  score_gradients(s, prob, dp, rows, cols, delta);
+                                                int64_t rows, int64_t cols, const float* delta,
+                                                float scale) {
+  score_gradients(s, prob, dp, rows, cols, delta, scale);
 }
 
 void dispatch_probabilities(float* s, float* prob, int64_t rows, int64_t cols, bool causal,
@@ -90,13 +94,13 @@ void dispatch_probabilities(double* s, double* prob, int64_t rows, int64_t cols,
 }
 
 void dispatch_score_gradients(const float* s, const float* prob, float* dp, int64_t rows,
-                              int64_t cols, const float* delta) {
-  score_gradients_f32(s, prob, dp, rows, cols, delta);
+                              int64_t cols, const float* delta, float scale) {
+  score_gradients_f32(s, prob, dp, rows, cols, delta, scale);
 }
 
 void dispatch_score_gradients(const double* s, const double* prob, double* dp, int64_t rows,
-                              int64_t cols, const double* delta) {
-  score_gradients(s, prob, dp, rows, cols, delta);
+                              int64_t cols, const double* delta, double scale) {
+  score_gradients(s, prob, dp, rows, cols, delta, scale);
 }
 
 // How many items share the key blocks of one key/value head: one when the heads alone keep
@@ -150,7 +154,7 @@ class Backward {
   void run() {
     const int64_t key_blocks = (p_.t_k + p_.block - 1) / p_.block;
     at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
-      TileBuffers w(p_.block, p_.softcap > 0.0);
+      TileBuffers w(p_);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t kv = item / splits_, split = item % splits_;
         for (int64_t b = split; b < key_blocks; b += splits_)
@@ -161,16 +165,23 @@ class Backward {
 
  private:
   // One thread's tiles, from memory kept between calls: scores, probabilities, the gradient of
-  // the probabilities (then of the scores), and with soft-capping the cap's slope.
+  // the probabilities (then of the scores), with soft-capping the cap's slope, the key block's
+  // keys (scaled) and values transposed, and a product before it is added to a gradient.
   struct TileBuffers {
     cpu::TileLease lease;
-    T *s, *prob, *dp, *cap_slope;
-    TileBuffers(int64_t block, bool capped)
-        : lease((capped ? 4 : 3) * cpu::TileLease::tile_bytes<T>(block * block)),
-          s(lease.take<T>(block * block)),
-          prob(lease.take<T>(block * block)),
-          dp(lease.take<T>(block * block)),
-          cap_slope(capped ? lease.take<T>(block * block) : nullptr) {}
+    T *s, *prob, *dp, *cap_slope, *keys_t, *values_t, *product;
+    explicit TileBuffers(const Problem& p)
+        : lease((p.softcap > 0.0 ? 4 : 3) * cpu::TileLease::tile_bytes<T>(p.block * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.d * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.dv * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.block * std::max(p.d, p.dv))),
+          s(lease.take<T>(p.block * p.block)),
+          prob(lease.take<T>(p.block * p.block)),
+          dp(lease.take<T>(p.block * p.block)),
+          cap_slope(p.softcap > 0.0 ? lease.take<T>(p.block * p.block) : nullptr),
+          keys_t(lease.take<T>(p.d * p.block)),
+          values_t(lease.take<T>(p.dv * p.block)),
+          product(lease.take<T>(p.block * std::max(p.d, p.dv))) {}
   };
 
   // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
@@ -182,6 +193,12 @@ class Backward {
       std::fill(dk + c * dk_.row_stride, dk + c * dk_.row_stride + p_.d, T(0));
       std::fill(dv + c * dv_.row_stride, dv + c * dv_.row_stride + p_.dv, T(0));
     }
+    // Turned once for every query block that sees them: the scores and the probabilities'
+    // gradient then read both operands along rows.
+    cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, cols, p_.d, static_cast<T>(p_.scale),
+                             w.keys_t, p_.block);
+    cpu::transpose_scaled<T>(v_.row(kv, j0), v_.row_stride, cols, p_.dv, T(1), w.values_t,
+                             p_.block);
     // The queries that see a key of the block (causal: query i sees keys j <= i + diagonal;
     // a window: keys j >= i + left_diagonal).
     const int64_t first = queries_begin(p_, j0), last = queries_end(p_, j0, cols);
@@ -196,7 +213,7 @@ class Backward {
           const int64_t sr = std::min(strip, rows - r0);
           const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
           if (c.end > c.begin) {
-            tile(h, kv, i0 + r0, sr, j0 + c.begin, c.end - c.begin, dq,
+            tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, dq,
                  dk + c.begin * dk_.row_stride, dv + c.begin * dv_.row_stride, w);
           }
         }
@@ -204,32 +221,33 @@ class Backward {
     }
   }
 
-  // Queries [i0, i0 + rows) of query head h against keys [j0, j0 + cols) of head kv.
-  void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
-            const cpu::Matrices<T>& dq, T* dk, T* dv, TileBuffers& w) const {
+  // Queries [i0, i0 + rows) of query head h against keys [block + first, block + first + cols)
+  // of head kv, the key block whose transposed keys and values `w` holds.
+  void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t block, int64_t first,
+            int64_t cols, const cpu::Matrices<T>& dq, T* dk, T* dv, TileBuffers& w) const {
     const T scale = static_cast<T>(p_.scale);
+    const int64_t j0 = block + first;
     const T* q = q_.row(h, i0);
     const T* k = k_.row(kv, j0);
-    const T* v = v_.row(kv, j0);
     const T* go = go_.row(h, i0);
     T *s = w.s, *prob = w.prob, *dp = w.dp, *cap_slope = w.cap_slope;
-    cpu::gemm<T>(false, true, rows, cols, p_.d, scale, q, q_.row_stride, k, k_.row_stride, 0, s,
-                 cols);
+    cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q, q_.row_stride, w.keys_t + first, p_.block, 0,
+                 s, cols);
     cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope);
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * p_.t_q + i0);
     cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv,
-                 dv_.row_stride);
-    cpu::gemm<T>(false, true, rows, cols, p_.dv, 1, go, go_.row_stride, v, v_.row_stride, 0, dp,
-                 cols);
-    dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * p_.t_q + i0);
+                 dv_.row_stride, w.product);
+    cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, go, go_.row_stride, w.values_t + first,
+                 p_.block, 0, dp, cols);
+    dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * p_.t_q + i0, scale);
     if (cap_slope) {  // through softcap * tanh(s / softcap)
       for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
     }
-    cpu::gemm<T>(false, false, rows, p_.d, cols, scale, dp, cols, k, k_.row_stride, 1,
-                 dq.row(h, i0), dq.row_stride);
-    cpu::gemm<T>(true, false, cols, p_.d, rows, scale, dp, cols, q, q_.row_stride, 1, dk,
-                 dk_.row_stride);
+    cpu::gemm<T>(false, false, rows, p_.d, cols, 1, dp, cols, k, k_.row_stride, 1, dq.row(h, i0),
+                 dq.row_stride, w.product);
+    cpu::gemm<T>(true, false, cols, p_.d, rows, 1, dp, cols, q, q_.row_stride, 1, dk,
+                 dk_.row_stride, w.product);
   }
 
   const Problem& p_;

@@ -1,5 +1,7 @@
 #include "kernels/cpu_blas.h"
 
+#include "kernels/cpu_small_gemm.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -123,9 +125,29 @@ void gemm_through_addmm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 }
 
 template <typename T>
+void transpose_scaled(const T* in, int64_t ld_in, int64_t rows, int64_t cols, T alpha, T* out,
+                      int64_t ld_out) {
+  // In square blocks: element by element, the writes of one input row would land a whole
+  // output row apart and evict each other from the cache.
+  constexpr int64_t kBlock = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t c1 = std::min(cols, c0 + kBlock);
+      for (int64_t c = c0; c < c1; ++c) {
+        T* to = out + c * ld_out;
+        for (int64_t r = r0; r < r1; ++r) to[r] = alpha * in[r * ld_in + c];
+      }
+    }
+  }
+}
+
+template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* scratch) {
   if (m == 0 || n == 0) return;
+  if (small_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch))
+    return;
   const FortranGemm<T> f = fortran_gemm<T>();
   // k = 0 leaves beta * C, which addmm defines for beta = 0 too (BLAS would read C).
   if (f == nullptr || k == 0 || !blas_takes(trans_a, trans_b, m, n, k, lda, ldb, ldc)) {
@@ -136,13 +158,18 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 }
 
 const char* gemm_route() {
+  if (small_gemm_enabled()) return "libxsmm";
   return fortran_gemm<float>() != nullptr && fortran_gemm<double>() != nullptr ? "blas" : "addmm";
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                          const float*, int64_t, float, float*, int64_t);
+                          const float*, int64_t, float, float*, int64_t, float*);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
-                           const double*, int64_t, double, double*, int64_t);
+                           const double*, int64_t, double, double*, int64_t, double*);
+template void transpose_scaled<float>(const float*, int64_t, int64_t, int64_t, float, float*,
+                                      int64_t);
+template void transpose_scaled<double>(const double*, int64_t, int64_t, int64_t, double, double*,
+                                       int64_t);
 template void gemm_through_addmm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
                                         int64_t, const float*, int64_t, float, float*, int64_t);
 template void gemm_through_addmm<double>(bool, bool, int64_t, int64_t, int64_t, double,

@@ -1,0 +1,161 @@
+#include "kernels/cpu_small_gemm.h"
+
+#include "kernels/cpu_blas.h"
+#include "kernels/cpu_tile.h"
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef ATTENTION_HAVE_LIBXSMM
+#include <libxsmm.h>
+#endif
+
+namespace attention {
+namespace kernels {
+namespace cpu {
+namespace {
+
+#ifdef ATTENTION_HAVE_LIBXSMM
+
+template <typename T>
+struct Dispatch;
+
+template <>
+struct Dispatch<float> {
+  static constexpr auto get = libxsmm_smmdispatch;
+};
+
+template <>
+struct Dispatch<double> {
+  static constexpr auto get = libxsmm_dmmdispatch;
+};
+
+bool fits_blasint(int64_t value) {
+  return value <= INT_MAX;
+}
+
+// C (m x n, row stride ldc) += product (m x n, contiguous).
+template <typename T>
+ATTENTION_ALWAYS_INLINE void add_product(T* c, int64_t ldc, const T* product, int64_t m,
+                                         int64_t n) {
+  for (int64_t r = 0; r < m; ++r) {
+    T* row = c + r * ldc;
+    const T* terms = product + r * n;
+    for (int64_t j = 0; j < n; ++j) row[j] += terms[j];
+  }
+}
+
+// Built per instruction set, as the kernels' element-wise steps are.
+ATTENTION_MULTIVERSION void add_product_f32(float* c, int64_t ldc, const float* product, int64_t m,
+                                            int64_t n) {
+  add_product(c, ldc, product, m, n);
+}
+
+void dispatch_add_product(float* c, int64_t ldc, const float* product, int64_t m, int64_t n) {
+  add_product_f32(c, ldc, product, m, n);
+}
+
+void dispatch_add_product(double* c, int64_t ldc, const double* product, int64_t m, int64_t n) {
+  add_product(c, ldc, product, m, n);
+}
+
+template <typename T>
+bool run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+         int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* scratch) {
+  const bool add = beta == T(1);
+  if (trans_b || alpha != T(1) || (beta != T(0) && !add) || (add && scratch == nullptr))
+    return false;
+  if (m <= 0 || n <= 0 || k <= 0 || std::max({m, n, k}) > kMaxSmallGemmSide) return false;
+  // Row-major C (m x n) is column-major C^T (n x m) = B^T (n x k) op(A)^T (k x m): B's storage
+  // read column-major is B^T, and A's is op(A)^T, or op(A) when A is transposed.
+  if (ldb < n || lda < (trans_a ? m : k) || ldc < n) return false;
+  if (!fits_blasint(ldb) || !fits_blasint(lda) || !fits_blasint(ldc)) return false;
+  const libxsmm_blasint rows = n, cols = m, inner = k, ld1 = ldb, ld2 = lda;
+  const libxsmm_blasint ld3 = add ? n : ldc;
+  const int flags = (trans_a ? LIBXSMM_GEMM_FLAG_TRANS_B : 0) | LIBXSMM_GEMM_FLAG_BETA_0;
+  const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
+  const T one = 1, zero = 0;
+  const auto kernel =
+      Dispatch<T>::get(rows, cols, inner, &ld1, &ld2, &ld3, &one, &zero, &flags, &prefetch);
+  if (kernel == nullptr) return false;
+  if (!add) {
+    kernel(b, a, c);
+    return true;
+  }
+  kernel(b, a, scratch);
+  dispatch_add_product(c, ldc, scratch, m, n);
+  return true;
+}
+
+// Products with known integer results, A plain and transposed, beta 0 (C full of a value that
+// must not be read) and 1: a libxsmm that generates wrong code for this processor shows here,
+// once, and the kernels keep BLAS.
+template <typename T>
+bool answers_correctly() {
+  const std::array<T, 12> a = {1, 2, 3, 4, 5, 6, 7, 8, -1, 0, 2, 1};  // 3 x 4, or 4 x 3
+  const std::array<T, 8> b = {1, 0, 2, -1, 3, 1, 0, 2};               // 4 x 2
+  for (const bool trans_a : {false, true}) {
+    for (const T beta : {T(0), T(1)}) {
+      std::array<T, 6> expected, got, scratch;
+      expected.fill(beta == T(0) ? T(0) : T(3));
+      got.fill(beta == T(0) ? T(7) : T(3));
+      gemm_through_addmm<T>(trans_a, false, 3, 2, 4, T(1), a.data(), trans_a ? 3 : 4, b.data(), 2,
+                            beta, expected.data(), 2);
+      if (!run<T>(trans_a, false, 3, 2, 4, T(1), a.data(), trans_a ? 3 : 4, b.data(), 2, beta,
+                  got.data(), 2, scratch.data()) ||
+          got != expected) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool check_once() {
+  const char* forced = std::getenv("ATTENTION_CPU_GEMM");
+  if (forced != nullptr && (std::strcmp(forced, "blas") == 0 || std::strcmp(forced, "addmm") == 0))
+    return false;
+  libxsmm_init();
+  return answers_correctly<float>() && answers_correctly<double>();
+}
+
+#else
+
+bool check_once() {
+  return false;
+}
+
+#endif
+
+}  // namespace
+
+bool small_gemm_enabled() {
+  static const bool enabled = check_once();
+  return enabled;
+}
+
+template <typename T>
+bool small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* scratch) {
+#ifdef ATTENTION_HAVE_LIBXSMM
+  return small_gemm_enabled() &&
+         run<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch);
+#else
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
+  (void)b, (void)ldb, (void)beta, (void)c, (void)ldc, (void)scratch;
+  return false;
+#endif
+}
+
+template bool small_gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                                const float*, int64_t, float, float*, int64_t, float*);
+template bool small_gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
+                                 int64_t, const double*, int64_t, double, double*, int64_t,
+                                 double*);
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention
