@@ -148,7 +148,9 @@ def training_targets(records, second, target):
 
 
 def key(r):
-    return (r["group"], r["impl"], r.get("pass", "forward"), r.get("allocator", "glibc"), r["T"])
+    # Names without their language (the matmul of each side) get it, so the sides keep a row each.
+    impl = r["impl"] if r["impl"].startswith(r["lang"] + ".") else f'{r["lang"]}.{r["impl"]}'
+    return (r["group"], impl, r.get("pass", "forward"), r.get("allocator", "glibc"), r["T"])
 
 
 def cells(r):
