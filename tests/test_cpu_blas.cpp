@@ -32,15 +32,16 @@ Padded padded(int64_t rows, int64_t cols, int64_t pad, double fill_padding) {
   return {storage, cols};
 }
 
-// Random products up to max_side on a side; with unit_alpha, alpha is 1 (what the libxsmm route
-// takes).
+// Random products up to max_side on a side, each side a multiple of granule; with unit_alpha,
+// alpha is 1 (what the libxsmm route takes).
 template <typename T, typename Route>
-void check_route(Route route, const char* name, int64_t max_side = 70, bool unit_alpha = false) {
+void check_route(Route route, const char* name, int64_t max_side = 70, bool unit_alpha = false,
+                 int64_t granule = 1) {
   std::mt19937 rng(7);
-  std::uniform_int_distribution<int64_t> size(1, max_side), pad(0, 5);
+  std::uniform_int_distribution<int64_t> size(1, max_side / granule), pad(0, 5);
   for (int trial = 0; trial < 60; ++trial) {
     const bool trans_a = trial % 2 == 1, trans_b = trial / 2 % 2 == 1, accumulate = trial % 3 == 0;
-    const int64_t m = size(rng), n = size(rng), k = size(rng);
+    const int64_t m = granule * size(rng), n = granule * size(rng), k = granule * size(rng);
     const Padded a = trans_a ? padded<T>(k, m, pad(rng), 0) : padded<T>(m, k, pad(rng), 0);
     const Padded b = trans_b ? padded<T>(n, k, pad(rng), 0) : padded<T>(k, n, pad(rng), 0);
     // beta = 0 must not read C: NaN there would show.
@@ -94,10 +95,10 @@ TEST_CASE("cpu::gemm takes a one-row operand whose row stride is below its width
 TEMPLATE_TEST_CASE("cpu::small_gemm equals torch::mm where it takes the product", "[cpu_blas]",
                    float, double) {
   INFO("small_gemm_enabled() = " << cpu::small_gemm_enabled());
+  // Ragged sides (which it leaves to BLAS), and multiples of the granule up to tile sizes.
   check_route<TestType>(small_or_addmm<TestType>, "small_gemm", 70, true);
-  // Tile-sized products: several blocks of the transposition, and sides that are not multiples
-  // of the generated kernels' register blocks.
-  check_route<TestType>(small_or_addmm<TestType>, "small_gemm", 300, true);
+  check_route<TestType>(small_or_addmm<TestType>, "small_gemm", 96, true, cpu::kSmallGemmGranule);
+  check_route<TestType>(small_or_addmm<TestType>, "small_gemm", 320, true, cpu::kSmallGemmGranule);
 }
 
 TEST_CASE("cpu::small_gemm takes the fused kernels' products and refuses what it cannot compute",
@@ -131,7 +132,9 @@ TEST_CASE("cpu::small_gemm takes the fused kernels' products and refuses what it
                                      pc, side, scratch.data()));
   CHECK_FALSE(cpu::small_gemm<float>(false, false, side, side, side, 1.0f, pa, side, pb, side, 1.0f,
                                      pc, side, nullptr));
-  const int64_t too_long = cpu::kMaxSmallGemmSide + 1;
+  CHECK_FALSE(cpu::small_gemm<float>(false, false, side - 1, side, side, 1.0f, pa, side, pb, side,
+                                     0.0f, pc, side, nullptr));  // a ragged side
+  const int64_t too_long = cpu::kMaxSmallGemmSide + cpu::kSmallGemmGranule;
   const auto wide = torch::randn({side, too_long});
   auto wide_c = torch::zeros({side, too_long});
   CHECK_FALSE(cpu::small_gemm<float>(false, false, side, too_long, side, 1.0f, pa, side,

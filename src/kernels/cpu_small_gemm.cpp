@@ -69,6 +69,8 @@ bool run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, c
   if (trans_b || alpha != T(1) || (beta != T(0) && !add) || (add && scratch == nullptr))
     return false;
   if (m <= 0 || n <= 0 || k <= 0 || std::max({m, n, k}) > kMaxSmallGemmSide) return false;
+  if (m % kSmallGemmGranule != 0 || n % kSmallGemmGranule != 0 || k % kSmallGemmGranule != 0)
+    return false;
   // Row-major C (m x n) is column-major C^T (n x m) = B^T (n x k) op(A)^T (k x m): B's storage
   // read column-major is B^T, and A's is op(A)^T, or op(A) when A is transposed.
   if (ldb < n || lda < (trans_a ? m : k) || ldc < n) return false;
@@ -90,22 +92,26 @@ bool run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, c
   return true;
 }
 
-// Products with known integer results, A plain and transposed, beta 0 (C full of a value that
-// must not be read) and 1: a libxsmm that generates wrong code for this processor shows here,
-// once, and the kernels keep BLAS.
+// Products of small integers (exact in float), A plain and transposed, beta 0 (C full of a
+// value that must not be read) and 1, against addmm: a libxsmm that generates wrong code for
+// this processor shows here, once, and the kernels keep BLAS.
 template <typename T>
 bool answers_correctly() {
-  const std::array<T, 12> a = {1, 2, 3, 4, 5, 6, 7, 8, -1, 0, 2, 1};  // 3 x 4, or 4 x 3
-  const std::array<T, 8> b = {1, 0, 2, -1, 3, 1, 0, 2};               // 4 x 2
+  constexpr int64_t n = kSmallGemmGranule;
+  std::array<T, n * n> a, b;
+  for (int64_t i = 0; i < n * n; ++i) {
+    a[i] = static_cast<T>((i * 7) % 5 - 2);
+    b[i] = static_cast<T>((i * 3) % 7 - 3);
+  }
   for (const bool trans_a : {false, true}) {
     for (const T beta : {T(0), T(1)}) {
-      std::array<T, 6> expected, got, scratch;
+      std::array<T, n * n> expected, got, scratch;
       expected.fill(beta == T(0) ? T(0) : T(3));
       got.fill(beta == T(0) ? T(7) : T(3));
-      gemm_through_addmm<T>(trans_a, false, 3, 2, 4, T(1), a.data(), trans_a ? 3 : 4, b.data(), 2,
-                            beta, expected.data(), 2);
-      if (!run<T>(trans_a, false, 3, 2, 4, T(1), a.data(), trans_a ? 3 : 4, b.data(), 2, beta,
-                  got.data(), 2, scratch.data()) ||
+      gemm_through_addmm<T>(trans_a, false, n, n, n, T(1), a.data(), n, b.data(), n, beta,
+                            expected.data(), n);
+      if (!run<T>(trans_a, false, n, n, n, T(1), a.data(), n, b.data(), n, beta, got.data(), n,
+                  scratch.data()) ||
           got != expected) {
         return false;
       }

@@ -20,12 +20,19 @@ namespace cpu {
 /// The largest side of a product small_gemm() takes (the largest Chunked block size).
 constexpr int64_t kMaxSmallGemmSide = 1024;
 
+/// Every side of a product small_gemm() takes is a multiple of this: the kernels' full tiles and
+/// aligned strips. libxsmm keeps the code of every shape it generated for the process's lifetime,
+/// so the ragged shapes of each sequence length's last block, which would add kernels for every
+/// new length, go to BLAS instead and the generated code stays bounded.
+constexpr int64_t kSmallGemmGranule = 16;
+
 /// The product of cpu::gemm (same arguments, row-major) through a kernel libxsmm generated for
 /// its shape; with beta 1, `scratch` (m x n elements) holds the product before it is added to C.
 /// Returns false and leaves C untouched where it does not take the product: a build without
 /// libxsmm, ATTENTION_CPU_GEMM set to blas or addmm, B transposed, alpha other than 1, beta
-/// other than 0 and 1, beta 1 without scratch, a side above kMaxSmallGemmSide, a stride libxsmm
-/// cannot take, or no kernel for this processor. For float and double.
+/// other than 0 and 1, beta 1 without scratch, a side above kMaxSmallGemmSide or not a multiple
+/// of kSmallGemmGranule, a stride libxsmm cannot take, or no kernel for this processor. For float
+/// and double.
 template <typename T>
 bool small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                 int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* scratch);
