@@ -187,7 +187,7 @@ class Forward {
   void key_block(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, const Rows& state,
                  TileBuffers& w) const {
     const int64_t keys = keys_end(p_, i0, rows);
-    if (j0 >= keys || j0 < keys_begin(p_, i0)) return;
+    if (j0 >= keys) return;  // keys begin at the same block for every query block of an item
     const int64_t cols = std::min(p_.block, keys - j0);
     const int64_t strip = cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
     for (int64_t r0 = 0; r0 < rows; r0 += strip) {
