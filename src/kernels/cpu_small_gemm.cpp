@@ -1,6 +1,7 @@
 #include "kernels/cpu_small_gemm.h"
 
 #include "kernels/cpu_blas.h"
+#include "kernels/cpu_code_cache.h"
 #include "kernels/cpu_tile.h"
 
 #include <algorithm>
@@ -8,9 +9,12 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #ifdef ATTENTION_HAVE_LIBXSMM
-#include <libxsmm.h>
+#include <libxsmm_cpuid.h>
+#include <libxsmm_generator.h>
 #endif
 
 namespace attention {
@@ -20,18 +24,67 @@ namespace {
 
 #ifdef ATTENTION_HAVE_LIBXSMM
 
+// Most shapes the process's kernels may ask for: the kernels' block sizes and head dimensions in
+// multiples of 16 give a few dozen in practice, each a few KiB of code.
+constexpr size_t kMaxKernels = 1024;
+
+// The generator writes a kernel into a buffer this large (libxsmm's own bound).
+constexpr unsigned int kMaxCodeBytes = 131072;
+
+using Kernel = void (*)(const void* a, const void* b, void* c);
+
+// The kernels libxsmm's generator writes, kept by the library (not libxsmm's registry, which
+// takes ~11 MiB of resident memory for 131072 entries at initialisation whatever is generated).
+CodeCache& generated_kernels() {
+  static CodeCache* const kernels = new CodeCache(kMaxKernels);  // kernels may run until exit
+  return *kernels;
+}
+
+int target_architecture() {
+  static const int architecture = libxsmm_cpuid_x86(nullptr);
+  return architecture;
+}
+
 template <typename T>
-struct Dispatch;
+libxsmm_gemm_descriptor* describe(libxsmm_descriptor_blob* blob, libxsmm_blasint m,
+                                  libxsmm_blasint n, libxsmm_blasint k, libxsmm_blasint lda,
+                                  libxsmm_blasint ldb, libxsmm_blasint ldc, int flags) {
+  if (std::is_same<T, float>::value)
+    return libxsmm_sgemm_descriptor_init(blob, m, n, k, lda, ldb, ldc, 1.0f, 0.0f, flags,
+                                         LIBXSMM_GEMM_PREFETCH_NONE);
+  return libxsmm_dgemm_descriptor_init(blob, m, n, k, lda, ldb, ldc, 1.0, 0.0, flags,
+                                       LIBXSMM_GEMM_PREFETCH_NONE);
+}
 
-template <>
-struct Dispatch<float> {
-  static constexpr auto get = libxsmm_smmdispatch;
-};
+std::vector<unsigned char> generate(const libxsmm_gemm_descriptor& descriptor) {
+  std::vector<unsigned char> code(kMaxCodeBytes);
+  libxsmm_generated_code generated;
+  std::memset(&generated, 0, sizeof(generated));
+  generated.generated_code = code.data();
+  generated.buffer_size = kMaxCodeBytes;
+  generated.code_type = 2;  // machine code to be copied into executable memory
+  generated.arch = static_cast<unsigned int>(target_architecture());
+  libxsmm_generator_gemm_kernel(&generated, &descriptor);
+  if (generated.last_error != 0 || generated.code_size == 0) return {};
+  code.resize(generated.code_size);
+  return code;
+}
 
-template <>
-struct Dispatch<double> {
-  static constexpr auto get = libxsmm_dmmdispatch;
-};
+// Column-major C (rows x cols, beta 0) = A (rows x inner) op(B), op(B) = B^T where
+// LIBXSMM_GEMM_FLAG_TRANS_B is in `flags`; nullptr where there is no kernel.
+template <typename T>
+Kernel kernel_for(libxsmm_blasint rows, libxsmm_blasint cols, libxsmm_blasint inner,
+                  libxsmm_blasint lda, libxsmm_blasint ldb, libxsmm_blasint ldc, int flags) {
+  const CodeCache::Key key = {
+      static_cast<int64_t>(sizeof(T)), rows, cols, inner, lda, ldb, ldc, flags};
+  const void* code = generated_kernels().get(key, [&] {
+    libxsmm_descriptor_blob blob;
+    const libxsmm_gemm_descriptor* descriptor =
+        describe<T>(&blob, rows, cols, inner, lda, ldb, ldc, flags);
+    return descriptor == nullptr ? std::vector<unsigned char>() : generate(*descriptor);
+  });
+  return reinterpret_cast<Kernel>(const_cast<void*>(code));
+}
 
 bool fits_blasint(int64_t value) {
   return value <= INT_MAX;
@@ -75,13 +128,8 @@ bool run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, c
   // read column-major is B^T, and A's is op(A)^T, or op(A) when A is transposed.
   if (ldb < n || lda < (trans_a ? m : k) || ldc < n) return false;
   if (!fits_blasint(ldb) || !fits_blasint(lda) || !fits_blasint(ldc)) return false;
-  const libxsmm_blasint rows = n, cols = m, inner = k, ld1 = ldb, ld2 = lda;
-  const libxsmm_blasint ld3 = add ? n : ldc;
   const int flags = (trans_a ? LIBXSMM_GEMM_FLAG_TRANS_B : 0) | LIBXSMM_GEMM_FLAG_BETA_0;
-  const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
-  const T one = 1, zero = 0;
-  const auto kernel =
-      Dispatch<T>::get(rows, cols, inner, &ld1, &ld2, &ld3, &one, &zero, &flags, &prefetch);
+  const Kernel kernel = kernel_for<T>(n, m, k, ldb, lda, add ? n : ldc, flags);
   if (kernel == nullptr) return false;
   if (!add) {
     kernel(b, a, c);
@@ -124,7 +172,6 @@ bool check_once() {
   const char* forced = std::getenv("ATTENTION_CPU_GEMM");
   if (forced != nullptr && (std::strcmp(forced, "blas") == 0 || std::strcmp(forced, "addmm") == 0))
     return false;
-  libxsmm_init();
   return answers_correctly<float>() && answers_correctly<double>();
 }
 

@@ -2,14 +2,14 @@
 
 // The fused CPU kernels' tile products through libxsmm, where the build has it. A tile product
 // is small (head dimension 64, blocks of 64 to 512) and a general BLAS spends a good part of it
-// packing both operands and scaling C; libxsmm generates, once per shape, a kernel that reads
-// the operands in place. Its kernels compute column-major C = A B and C = A B^T with alpha 1
-// and beta 0 or 1, which are the row-major products C = A B and C = A^T B: the kernels hand it
-// keys and values already transposed (cpu::transpose_scaled) for the products that contract two
-// operands' rows (scores = Q K^T), with the scale folded in. A generated kernel given beta 1 adds
-// each term to C in turn, rounded at C's size, which loses digits where C accumulates many tiles
-// (a key block's gradients over every query block): such a product is made in the caller's
-// scratch and added to C once, as BLAS does.
+// packing both operands and scaling C; libxsmm's generator writes, once per shape, a kernel that
+// reads the operands in place, kept by the library (cpu_code_cache.h). Its kernels compute
+// column-major C = A B and C = A B^T with alpha 1 and beta 0 or 1, which are the row-major products
+// C = A B and C = A^T B: the kernels hand it keys and values already transposed
+// (cpu::transpose_scaled) for the products that contract two operands' rows (scores = Q K^T), with
+// the scale folded in. A generated kernel given beta 1 adds each term to C in turn, rounded at C's
+// size, which loses digits where C accumulates many tiles (a key block's gradients over every query
+// block): such a product is made in the caller's scratch and added to C once, as BLAS does.
 
 #include <cstdint>
 
@@ -21,7 +21,7 @@ namespace cpu {
 constexpr int64_t kMaxSmallGemmSide = 1024;
 
 /// Every side of a product small_gemm() takes is a multiple of this: the kernels' full tiles and
-/// aligned strips. libxsmm keeps the code of every shape it generated for the process's lifetime,
+/// aligned strips. The code of every shape generated stays for the process's lifetime,
 /// so the ragged shapes of each sequence length's last block, which would add kernels for every
 /// new length, go to BLAS instead and the generated code stays bounded.
 constexpr int64_t kSmallGemmGranule = 16;
@@ -31,8 +31,8 @@ constexpr int64_t kSmallGemmGranule = 16;
 /// Returns false and leaves C untouched where it does not take the product: a build without
 /// libxsmm, ATTENTION_CPU_GEMM set to blas or addmm, B transposed, alpha other than 1, beta
 /// other than 0 and 1, beta 1 without scratch, a side above kMaxSmallGemmSide or not a multiple
-/// of kSmallGemmGranule, a stride libxsmm cannot take, or no kernel for this processor. For float
-/// and double.
+/// of kSmallGemmGranule, a stride libxsmm cannot take, no kernel for this processor, or the kernel
+/// cache full. For float and double.
 template <typename T>
 bool small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                 int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* scratch);
