@@ -41,10 +41,14 @@ fi
 
 echo "bench_measure.sh: C++ ..." >&2
 "${bench[@]}" matmul article raschka raschka-train core-train decode >"$out/cpp.jsonl"
-# One process per long-context run: each reports its own peak memory.
+# One process per long-context run: each reports its own peak memory. Python's run of the same
+# length follows at once, so that the two sides of a ratio are measured minutes apart at most.
 for t in "${lengths[@]}"; do
   echo "bench_measure.sh: long context T=$t" >&2
   "${bench[@]}" "long:chunked:$t" >>"$out/cpp.jsonl"
+  if [[ " ${python_lengths[*]} " == *" $t "* ]]; then
+    "${python_bench[@]}" "long:$t" >>"$out/python.jsonl.tmp"
+  fi
 done
 for t in "${math_lengths[@]}"; do
   "${bench[@]}" "long:math:$t" >>"$out/cpp.jsonl"
@@ -52,9 +56,6 @@ done
 for t in "${window_lengths[@]}"; do
   echo "bench_measure.sh: sliding window $window at T=$t" >&2
   "${bench[@]}" "window:$t:$window" >>"$out/cpp.jsonl"
-done
-for t in "${python_lengths[@]}"; do
-  "${python_bench[@]}" "long:$t" >>"$out/python.jsonl.tmp"
 done
 for t in "${train_lengths[@]}"; do
   echo "bench_measure.sh: long-context training T=$t" >&2

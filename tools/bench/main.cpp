@@ -252,7 +252,7 @@ void bench_long(const std::string& impl, int64_t t) {
         F::scaled_dot_product_attention(
             q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend));
       },
-      t >= 16384 ? 1 : 2);
+      t >= 16384 ? 1 : 3);  // as bench_python.py
   record("long", "cpp.core." + impl, "forward", t, ms, 2.0 * 8 * t * t * 64 / 1e9,
          peak_rss_mb() - base);
 }
