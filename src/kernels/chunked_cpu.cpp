@@ -10,6 +10,7 @@
 // are not copied, and the output is written in the queries' memory layout.
 
 #include "kernels/chunked.h"
+#include "kernels/cpu_small_gemm.h"
 #include "kernels/cpu_tile.h"
 #include "kernels/tile_pool.h"
 
@@ -114,13 +115,10 @@ class Forward {
   }
 
  private:
-  // Query blocks per item: each key block is then turned once for all of them. Without a
-  // window's left edge every query block's keys start at 0, so a group's blocks split their keys
-  // into the same key blocks as they would alone, and the results do not depend on the grouping;
-  // with one they do not line up, and each query block is an item. Enough items are left to keep
-  // every thread busy.
+  // Query blocks per item: each key block is then turned once for all of them. Every query block
+  // splits its keys into key blocks on the same lattice (first_key_block), so the results do not
+  // depend on the grouping. Enough items are left to keep every thread busy.
   int64_t group_size(int64_t blocks) const {
-    if (p_.bounded_left()) return 1;
     const int64_t threads = at::get_num_threads();
     return std::clamp<int64_t>(p_.n * p_.g * blocks / (8 * threads), 1, kMaxGroup);
   }
@@ -162,7 +160,7 @@ class Forward {
     std::fill(w.sum, w.sum + rows, T(0));
     std::fill(w.acc, w.acc + rows * p_.dv, T(0));
     const int64_t keys = keys_end(p_, i0, rows);
-    for (int64_t j0 = keys_begin(p_, i0); j0 < keys; j0 += p_.block) {
+    for (int64_t j0 = first_key_block(i0); j0 < keys; j0 += p_.block) {
       // The scores read both operands along rows: the keys turned once for the group's tiles.
       cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, std::min(p_.block, keys - j0), p_.d,
                                static_cast<T>(p_.scale), w.keys_t, p_.block);
@@ -182,17 +180,26 @@ class Forward {
     }
   }
 
+  // Where the key blocks of query block i0 begin: on the lattice of block multiples, which every
+  // query block shares, so that a group's query blocks take the same key blocks as they would
+  // alone (a window's left edge falls inside a block, whose hidden keys its strips mask), and a
+  // tile's sides stay multiples of the block.
+  int64_t first_key_block(int64_t i0) const { return keys_begin(p_, i0) / p_.block * p_.block; }
+
   // Queries [i0, i0 + rows) of head h against the key block from j0 (whose transposed keys `w`
   // holds), where they see it: tiles, or strips of rows where an edge crosses it.
   void key_block(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, const Rows& state,
                  TileBuffers& w) const {
     const int64_t keys = keys_end(p_, i0, rows);
-    if (j0 >= keys) return;  // keys begin at the same block for every query block of an item
+    if (j0 >= keys || j0 < first_key_block(i0)) return;  // a group's other query blocks see it
     const int64_t cols = std::min(p_.block, keys - j0);
     const int64_t strip = cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
     for (int64_t r0 = 0; r0 < rows; r0 += strip) {
       const int64_t sr = std::min(strip, rows - r0);
-      const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
+      auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
+      // A window's left edge starts where it falls; the strip starts at the granule below (the
+      // few keys between are masked), so that its products keep generated kernels.
+      c.begin -= c.begin % cpu::kSmallGemmGranule;
       // Keys of the strip's columns that its first row sees (visible_end before its clamp:
       // rows above the first visible one count down from it).
       const int64_t seen = i0 + r0 + 1 + p_.diagonal() - (j0 + c.begin);

@@ -269,7 +269,7 @@ void bench_window(int64_t t, int64_t window) {
                            .window_left(window - 1)
                            .backend(Backend::Chunked);
   const double ms =
-      median_ms([&] { F::scaled_dot_product_attention(q, k, v, options); }, t >= 16384 ? 1 : 2);
+      median_ms([&] { F::scaled_dot_product_attention(q, k, v, options); }, t >= 16384 ? 1 : 3);
   // Query i sees min(i + 1, window) keys: two products of that many multiply-adds per feature.
   const double pairs = static_cast<double>(std::min(t, window)) * (std::min(t, window) + 1) / 2 +
                        static_cast<double>(std::max<int64_t>(0, t - window)) * window;
