@@ -241,6 +241,10 @@ void bench_long_train(const std::string& impl, int64_t t) {
          peak_rss_mb() - base);
 }
 
+// Long-context runs take the median of three at every length, as bench_python.py does: single
+// runs of one length swing by a fifth from call to call on these machines.
+constexpr int kLongRepeats = 3;
+
 void bench_long(const std::string& impl, int64_t t) {
   // B=1, H=8, head size 64, causal: the attention core alone.
   torch::NoGradGuard no_grad;
@@ -252,7 +256,7 @@ void bench_long(const std::string& impl, int64_t t) {
         F::scaled_dot_product_attention(
             q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend));
       },
-      t >= 16384 ? 1 : 3);  // as bench_python.py
+      kLongRepeats);
   record("long", "cpp.core." + impl, "forward", t, ms, 2.0 * 8 * t * t * 64 / 1e9,
          peak_rss_mb() - base);
 }
@@ -269,7 +273,7 @@ void bench_window(int64_t t, int64_t window) {
                            .window_left(window - 1)
                            .backend(Backend::Chunked);
   const double ms =
-      median_ms([&] { F::scaled_dot_product_attention(q, k, v, options); }, t >= 16384 ? 1 : 3);
+      median_ms([&] { F::scaled_dot_product_attention(q, k, v, options); }, kLongRepeats);
   // Query i sees min(i + 1, window) keys: two products of that many multiply-adds per feature.
   const double pairs = static_cast<double>(std::min(t, window)) * (std::min(t, window) + 1) / 2 +
                        static_cast<double>(std::max<int64_t>(0, t - window)) * window;
