@@ -179,7 +179,8 @@ def table(records, second):
         lines.append("| " + " | ".join(row) + " |")
     threads = sorted({r["threads"] for rs in sets for r in rs})
     lines += ["", f"Threads: {', '.join(map(str, threads))}; BLAS: OpenBLAS (openmp); times are "
-              "medians of repeated runs after a warm-up."]
+              "medians of repeated runs after a warm-up; a long-context forward's peak is that of "
+              "one call (the warm-up) above its inputs."]
     return "\n".join(lines) + "\n"
 
 

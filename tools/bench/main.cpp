@@ -37,8 +37,10 @@ struct Settings {
 };
 Settings settings;
 
-double median_ms(const std::function<void()>& fn, int repeats) {
-  fn();  // warm-up: first-touch page faults and lazy initialisation are not what is measured
+// The median of `repeats` timed calls; a warm-up call first, unless the caller made it:
+// first-touch page faults and lazy initialisation are not what is measured.
+double median_ms(const std::function<void()>& fn, int repeats, bool warm_up = true) {
+  if (warm_up) fn();
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -249,16 +251,19 @@ void bench_long(const std::string& impl, int64_t t) {
   // B=1, H=8, head size 64, causal: the attention core alone.
   torch::NoGradGuard no_grad;
   auto q = torch::randn({1, 8, t, 64}), k = torch::randn_like(q), v = torch::randn_like(q);
-  const double base = peak_rss_mb();
   const auto backend = impl == "math" ? Backend::Math : Backend::Chunked;
-  const double ms = median_ms(
-      [&] {
-        F::scaled_dot_product_attention(
-            q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend));
-      },
-      kLongRepeats);
-  record("long", "cpp.core." + impl, "forward", t, ms, 2.0 * 8 * t * t * 64 / 1e9,
-         peak_rss_mb() - base);
+  const auto call = [&] {
+    F::scaled_dot_product_attention(
+        q, k, v, F::ScaledDotProductAttentionOptions().is_causal(true).backend(backend));
+  };
+  // The peak of one call (the warm-up) above the inputs: over repeated calls glibc keeps some of
+  // the freed outputs (its mmap threshold rises with them), about 1 MiB more per call for a few
+  // calls whatever computes them.
+  const double base = peak_rss_mb();
+  call();
+  const double peak = peak_rss_mb() - base;
+  const double ms = median_ms(call, kLongRepeats, false);
+  record("long", "cpp.core." + impl, "forward", t, ms, 2.0 * 8 * t * t * 64 / 1e9, peak);
 }
 
 // Sliding-window attention at long context (B=1, H=8, head size 64, causal, each query seeing
