@@ -34,10 +34,11 @@ using torch::Tensor;
 // which row r sees its first valid + r columns when causal (all of them otherwise). Turns the
 // scores into probabilities relative to each row's running maximum `max`, adds them to the
 // running sum `sum` (NaN once a score was NaN), and rescales the row's accumulated values `acc`
-// (rows x dv) to the new maximum.
+// (rows x dv, row stride acc_ld) to the new maximum.
 template <typename T>
 ATTENTION_ALWAYS_INLINE void softmax_step(T* s, int64_t rows, int64_t cols, int64_t ld, bool causal,
-                                          int64_t valid, T* max, T* sum, T* acc, int64_t dv) {
+                                          int64_t valid, T* max, T* sum, T* acc, int64_t dv,
+                                          int64_t acc_ld) {
   constexpr T kInf = std::numeric_limits<T>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
     T* row = s + r * ld;
@@ -69,7 +70,7 @@ ATTENTION_ALWAYS_INLINE void softmax_step(T* s, int64_t rows, int64_t cols, int6
     sum[r] = sum[r] * correction + added;
     max[r] = new_max;
     if (correction != T(1)) {
-      T* a = acc + r * dv;
+      T* a = acc + r * acc_ld;
 #pragma omp simd
       for (int64_t c = 0; c < dv; ++c) a[c] *= correction;
     }
@@ -78,18 +79,20 @@ ATTENTION_ALWAYS_INLINE void softmax_step(T* s, int64_t rows, int64_t cols, int6
 
 ATTENTION_MULTIVERSION void softmax_step_f32(float* s, int64_t rows, int64_t cols, int64_t ld,
                                              bool causal, int64_t valid, float* max, float* sum,
-                                             float* acc, int64_t dv) {
-  softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv);
+                                             float* acc, int64_t dv, int64_t acc_ld) {
+  softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
 }
 
 void dispatch_softmax_step(float* s, int64_t rows, int64_t cols, int64_t ld, bool causal,
-                           int64_t valid, float* max, float* sum, float* acc, int64_t dv) {
-  softmax_step_f32(s, rows, cols, ld, causal, valid, max, sum, acc, dv);
+                           int64_t valid, float* max, float* sum, float* acc, int64_t dv,
+                           int64_t acc_ld) {
+  softmax_step_f32(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
 }
 
 void dispatch_softmax_step(double* s, int64_t rows, int64_t cols, int64_t ld, bool causal,
-                           int64_t valid, double* max, double* sum, double* acc, int64_t dv) {
-  softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv);
+                           int64_t valid, double* max, double* sum, double* acc, int64_t dv,
+                           int64_t acc_ld) {
+  softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
 }
 
 template <typename T>
@@ -126,29 +129,30 @@ class Forward {
   static constexpr int64_t kMaxGroup = 4;
 
   // One thread's buffers, reused for every item it takes, from memory kept between calls: the
-  // scores, and for each query block of a group its accumulated values and each row's running
-  // maximum and sum; the key block's keys transposed (and scaled), and a tile's weighted values
-  // before they are added to the accumulated ones.
+  // scores, each row's running maximum and sum for the query blocks of a group, the key block's
+  // keys transposed (and scaled), and a tile's weighted values before they are added to the
+  // accumulated ones. The accumulated values are the output's own rows.
   struct TileBuffers {
     cpu::TileLease lease;
-    T *scores, *acc, *max, *sum, *keys_t, *product;
+    T *scores, *max, *sum, *keys_t, *product;
     TileBuffers(const Problem& p, int64_t group)
         : lease(2 * cpu::TileLease::tile_bytes<T>(group * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * p.block) +
-                cpu::TileLease::tile_bytes<T>(group * p.block * p.dv) +
                 cpu::TileLease::tile_bytes<T>(p.d * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * p.dv)),
           scores(lease.take<T>(p.block * p.block)),
-          acc(lease.take<T>(group * p.block * p.dv)),
           max(lease.take<T>(group * p.block)),
           sum(lease.take<T>(group * p.block)),
           keys_t(lease.take<T>(p.d * p.block)),
           product(lease.take<T>(p.block * p.dv)) {}
   };
 
-  // The running state of one query block's rows: accumulated values, maximum and sum.
+  // The running state of one query block's rows: accumulated values (in the output, rows
+  // acc_ld apart), maximum and sum.
   struct Rows {
-    T *acc, *max, *sum;
+    T* acc;
+    int64_t acc_ld;
+    T *max, *sum;
   };
 
   // Query head h, the `count` query blocks from block `first` on: every key block they see, each
@@ -158,7 +162,7 @@ class Forward {
     const int64_t rows = std::min(count * p_.block, p_.t_q - i0);
     std::fill(w.max, w.max + rows, -std::numeric_limits<T>::infinity());
     std::fill(w.sum, w.sum + rows, T(0));
-    std::fill(w.acc, w.acc + rows * p_.dv, T(0));
+    for (int64_t r = 0; r < rows; ++r) std::fill_n(out_.row(h, i0 + r), p_.dv, T(0));
     const int64_t keys = keys_end(p_, i0, rows);
     for (int64_t j0 = first_key_block(i0); j0 < keys; j0 += p_.block) {
       // The scores read both operands along rows: the keys turned once for the group's tiles.
@@ -166,7 +170,7 @@ class Forward {
                                static_cast<T>(p_.scale), w.keys_t, p_.block);
       for (int64_t b = 0; b < count; ++b) {
         const int64_t offset = b * p_.block;
-        const Rows state{w.acc + offset * p_.dv, w.max + offset, w.sum + offset};
+        const Rows state{out_.row(h, i0 + offset), out_.row_stride, w.max + offset, w.sum + offset};
         key_block(h, kv, i0 + offset, std::min(p_.block, p_.t_q - i0 - offset), j0, state, w);
       }
     }
@@ -175,7 +179,7 @@ class Forward {
       const bool dead = w.sum[r] == T(0);  // NaN sums are not dead: they stay NaN
       const T inverse = dead ? T(0) : T(1) / w.sum[r];
       T* o = out_.row(h, i0 + r);
-      for (int64_t c = 0; c < p_.dv; ++c) o[c] = w.acc[r * p_.dv + c] * inverse;
+      for (int64_t c = 0; c < p_.dv; ++c) o[c] *= inverse;
       lse[r] = dead ? std::numeric_limits<T>::infinity() : w.max[r] + std::log(w.sum[r]);
     }
   }
@@ -204,7 +208,8 @@ class Forward {
       // rows above the first visible one count down from it).
       const int64_t seen = i0 + r0 + 1 + p_.diagonal() - (j0 + c.begin);
       if (c.end > c.begin) {
-        const Rows strip_state{state.acc + r0 * p_.dv, state.max + r0, state.sum + r0};
+        const Rows strip_state{state.acc + r0 * state.acc_ld, state.acc_ld, state.max + r0,
+                               state.sum + r0};
         tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, cols, seen, strip_state,
              w.scores + r0 * cols, w);
       }
@@ -222,9 +227,9 @@ class Forward {
                  p_.block, 0, scores, ld);
     cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr);
     dispatch_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, state.max, state.sum,
-                          state.acc, p_.dv);
+                          state.acc, p_.dv, state.acc_ld);
     cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
-                 state.acc, p_.dv, w.product);
+                 state.acc, state.acc_ld, w.product);
   }
 
   const Problem& p_;
