@@ -1,9 +1,12 @@
 #include "kernels/cpu_code_cache.h"
 
+#include <cstring>
+
+#if defined(__unix__) || defined(__APPLE__)
 #include <sys/mman.h>
 #include <unistd.h>
-
-#include <cstring>
+#define ATTENTION_HAVE_MMAP 1
+#endif
 
 namespace attention {
 namespace kernels {
@@ -15,6 +18,8 @@ size_t table_size_for(size_t capacity) {
   while (size < 2 * capacity) size *= 2;
   return size;
 }
+
+#if defined(ATTENTION_HAVE_MMAP)
 
 size_t page_size() {
   static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -36,6 +41,21 @@ void* map_executable(const std::vector<unsigned char>& code, size_t* mapped) {
   return pages;
 }
 
+void unmap(void* pages, size_t bytes) {
+  munmap(pages, bytes);
+}
+
+#else
+
+// No executable pages of our own here: every key gets no code, and callers take BLAS.
+void* map_executable(const std::vector<unsigned char>&, size_t*) {
+  return nullptr;
+}
+
+void unmap(void*, size_t) {}
+
+#endif
+
 }  // namespace
 
 CodeCache::CodeCache(size_t capacity)
@@ -49,7 +69,7 @@ CodeCache::~CodeCache() {
   for (size_t i = 0; i < table_size_; ++i) {
     const Entry* entry = slots_[i].load(std::memory_order_relaxed);
     if (entry == nullptr) continue;
-    if (entry->code != nullptr) munmap(entry->code, entry->mapped);
+    if (entry->code != nullptr) unmap(entry->code, entry->mapped);
     delete entry;
   }
 }
