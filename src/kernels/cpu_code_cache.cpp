@@ -90,8 +90,7 @@ const CodeCache::Entry* CodeCache::find(const Key& key) const {
   }
 }
 
-const void* CodeCache::get(const Key& key, const Generator& generate) {
-  if (const Entry* entry = find(key)) return entry->code;
+const void* CodeCache::generate_and_keep(const Key& key, const Generator& generate) {
   std::lock_guard<std::mutex> lock(generating_);
   if (const Entry* entry = find(key)) return entry->code;  // generated while this thread waited
   if (size_ == capacity_) return nullptr;
