@@ -3,8 +3,11 @@
 // backward, the input's gradient. Autograd keeps a training step's projections until the
 // backward, so they cannot come from a reused workspace; what they can avoid is being faulted in
 // 4 KiB at a time on every step, which on these machines costs as much as a tenth of the step.
+// The products themselves go to the generated kernels where they take them
+// (kernels/cpu_large_gemm.h), and to LibTorch's BLAS everywhere else.
 
 #include "detail.h"
+#include "kernels/cpu_large_gemm.h"
 
 #include <torch/autograd.h>
 #include <torch/torch.h>
@@ -20,9 +23,31 @@ Tensor rows_of(const Tensor& x) {
   return x.view({-1, x.size(-1)});
 }
 
+// c = op(a) b (op(a) = a^T when trans_a) on the generated kernels; false, c untouched, where they
+// do not take it (another device or type, a non-contiguous operand, sides not multiples of 16).
+bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c) {
+  const auto type = c.scalar_type();
+  if (!c.device().is_cpu() || (type != at::kFloat && type != at::kDouble)) return false;
+  const auto usable = [&](const Tensor& t) {
+    return t.scalar_type() == type && t.device().is_cpu() && t.is_contiguous();
+  };
+  if (!usable(a) || !usable(b) || !usable(c)) return false;
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  return AT_DISPATCH_FLOATING_TYPES(type, "attention::generated_mm", [&] {
+    return kernels::cpu::large_gemm<scalar_t>(
+        trans_a, c.size(0), c.size(1), k, a.data_ptr<scalar_t>(), a.size(1), b.data_ptr<scalar_t>(),
+        b.size(1), c.data_ptr<scalar_t>(), c.size(1));
+  });
+}
+
 // out = x W^T + b, written into `out` (x's shape with weight.size(0) last); bias may be undefined.
 void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   auto out_rows = out.view({-1, weight.size(0)});
+  // The generated kernels take B untransposed: W^T once per call (d_in x d_out, small beside x).
+  if (generated_mm(false, rows_of(x), weight.t().contiguous(), out_rows)) {
+    if (bias.defined()) out_rows.add_(bias);
+    return;
+  }
   if (bias.defined()) {
     at::addmm_out(out_rows, bias, rows_of(x), weight.t());
   } else {
@@ -56,18 +81,23 @@ class LargeLinear : public torch::autograd::Function<LargeLinear> {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &weight = saved[1];
     const bool with_bias = ctx->saved_data["with_bias"].toBool();
-    const Tensor g = grads[0].reshape({-1, weight.size(0)});
+    Tensor g = grads[0].reshape({-1, weight.size(0)});
     Tensor dx, dw, db;
     if (torch::GradMode::is_enabled()) {  // create_graph: differentiable ops
       if (ctx->needs_input_grad(0)) dx = g.mm(weight).view(x.sizes());
       if (ctx->needs_input_grad(1)) dw = g.t().mm(rows_of(x));
     } else {
+      // The upstream of a sum is one value expanded: made contiguous (one pass) for the products.
+      if (!g.is_contiguous()) g = g.contiguous();
       if (ctx->needs_input_grad(0)) {
         dx = empty_large(x.sizes(), x.options());
         auto dx_rows = rows_of(dx);
-        at::mm_out(dx_rows, g, weight);
+        if (!generated_mm(false, g, weight, dx_rows)) at::mm_out(dx_rows, g, weight);
       }
-      if (ctx->needs_input_grad(1)) dw = g.t().mm(rows_of(x));
+      if (ctx->needs_input_grad(1)) {
+        dw = torch::empty_like(weight, at::MemoryFormat::Contiguous);
+        if (!generated_mm(true, g, rows_of(x), dw)) dw = g.t().mm(rows_of(x));
+      }
     }
     if (with_bias && ctx->needs_input_grad(2)) db = g.sum(0);
     return {dx, dw, db};

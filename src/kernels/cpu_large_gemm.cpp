@@ -1,0 +1,64 @@
+#include "kernels/cpu_large_gemm.h"
+
+#include "kernels/cpu_blas.h"
+#include "kernels/cpu_small_gemm.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace attention {
+namespace kernels {
+namespace cpu {
+namespace {
+
+// Tiles of C: 128 rows of A (384 KiB at 768 features in float) stay in the core's L2 while the
+// columns of B pass; 64 columns keep the kernels' accumulators in registers. Sizes 64 to 128 on
+// either side measured within the machine's noise of one another for the Raschka training step.
+constexpr int64_t kTileRows = 128;
+constexpr int64_t kTileCols = 64;
+// Contractions up to the generated kernels' bound are taken whole (one kernel, beta 0); longer
+// ones (the weight gradient sums over every token) in pieces of this many.
+constexpr int64_t kPiece = 512;
+
+bool takes(bool trans_a, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
+  const auto granular = [](int64_t side) { return side > 0 && side % kSmallGemmGranule == 0; };
+  return small_gemm_enabled() && granular(m) && granular(n) && granular(k) &&
+         lda >= (trans_a ? m : k) && ldb >= n && ldc >= n;
+}
+
+}  // namespace
+
+template <typename T>
+bool large_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+                int64_t ldb, T* c, int64_t ldc) {
+  if (!takes(trans_a, m, n, k, lda, ldb, ldc)) return false;
+  const int64_t piece = k <= kMaxSmallGemmSide ? k : kPiece;
+  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
+  const int64_t col_tiles = (n + kTileCols - 1) / kTileCols;
+  // Row tiles outermost: a thread's consecutive tiles share their rows of A.
+  at::parallel_for(0, row_tiles * col_tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> scratch(kTileRows * kTileCols);  // a piece's product before it is added
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t r0 = tile / col_tiles * kTileRows, c0 = tile % col_tiles * kTileCols;
+      const int64_t rows = std::min(kTileRows, m - r0), cols = std::min(kTileCols, n - c0);
+      for (int64_t k0 = 0; k0 < k; k0 += piece) {
+        const T* a_piece = trans_a ? a + k0 * lda + r0 : a + r0 * lda + k0;
+        gemm<T>(trans_a, false, rows, cols, std::min(piece, k - k0), T(1), a_piece, lda,
+                b + k0 * ldb + c0, ldb, k0 == 0 ? T(0) : T(1), c + r0 * ldc + c0, ldc,
+                scratch.data());
+      }
+    }
+  });
+  return true;
+}
+
+template bool large_gemm<float>(bool, int64_t, int64_t, int64_t, const float*, int64_t,
+                                const float*, int64_t, float*, int64_t);
+template bool large_gemm<double>(bool, int64_t, int64_t, int64_t, const double*, int64_t,
+                                 const double*, int64_t, double*, int64_t);
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention

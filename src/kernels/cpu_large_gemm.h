@@ -1,0 +1,29 @@
+#pragma once
+
+// Large row-major products (a module's projections and their gradients) on the generated
+// small-product kernels (cpu_small_gemm.h), tile by tile across LibTorch's threads. A system BLAS
+// picks its kernels by the processor models it knows: Debian 12's OpenBLAS 0.3.21 takes its AVX2
+// (Haswell) kernels on AMD Zen 5, which has AVX-512, and reaches about half of what its own
+// AVX-512 kernels reach there; libxsmm's generator writes code for the processor found at run
+// time, whatever its age relative to the BLAS.
+
+#include <cstdint>
+
+namespace attention {
+namespace kernels {
+namespace cpu {
+
+/// Row-major C (m x n, row stride ldc) = op(A) B with op(A) m x k (A itself k x m when trans_a);
+/// rows of A and B have strides lda and ldb. C is written, not read. Tiles of C go to generated
+/// kernels, each through cpu::gemm (so a tile without a kernel takes BLAS); contractions longer
+/// than kMaxSmallGemmSide are summed in pieces, as BLAS sums its panels. Returns false and
+/// leaves C untouched where it does not take the product: generated kernels unavailable or
+/// switched off (small_gemm_enabled()), a side not a positive multiple of kSmallGemmGranule, or a
+/// stride shorter than its row. For float and double.
+template <typename T>
+bool large_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+                int64_t ldb, T* c, int64_t ldc);
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention

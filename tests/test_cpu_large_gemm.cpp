@@ -1,0 +1,164 @@
+// The projections' large products on the generated kernels (kernels/cpu_large_gemm.h) against
+// torch::mm in double: A plain and transposed, padded row strides, C full of NaN (never read),
+// sides that span several tiles and a ragged last tile, contractions summed in pieces; the same
+// result on one thread and two; what it refuses leaves C as it was; and the module's projections
+// with their gradients on it against linear in double.
+
+#include "detail.h"
+#include "kernels/cpu_large_gemm.h"
+#include "kernels/cpu_small_gemm.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+#include "catch_compat.h"
+
+#include <cmath>
+#include <tuple>
+
+namespace cpu = attention::kernels::cpu;
+
+namespace {
+
+// A rows x cols matrix in a (rows, cols + pad) buffer; the padding is NaN, which must not be read.
+template <typename T>
+torch::Tensor padded_random(int64_t rows, int64_t cols, int64_t pad) {
+  auto storage = torch::full({rows, cols + pad}, std::nan(""),
+                             torch::dtype(c10::CppTypeToScalarType<T>::value));
+  storage.narrow(1, 0, cols).normal_();
+  return storage;
+}
+
+struct Product {
+  torch::Tensor a, b, c;  // padded storages; op(A) B lands in c's first n columns
+  int64_t n = 0;
+  torch::Tensor result() const { return c.narrow(1, 0, n); }
+};
+
+template <typename T>
+std::pair<Product, bool> run(bool trans_a, int64_t m, int64_t n, int64_t k, int64_t pad) {
+  Product p;
+  p.a = trans_a ? padded_random<T>(k, m, pad) : padded_random<T>(m, k, pad);
+  p.b = padded_random<T>(k, n, pad);
+  p.c = torch::full({m, n + pad}, std::nan(""), p.a.options());
+  p.n = n;
+  const bool taken = cpu::large_gemm<T>(trans_a, m, n, k, p.a.template data_ptr<T>(), p.a.stride(0),
+                                        p.b.template data_ptr<T>(), p.b.stride(0),
+                                        p.c.template data_ptr<T>(), p.c.stride(0));
+  return {p, taken};
+}
+
+torch::Tensor expected_of(bool trans_a, const Product& p, int64_t m, int64_t k) {
+  const auto a = trans_a ? p.a.narrow(1, 0, m).t() : p.a.narrow(1, 0, k);
+  return torch::mm(a.to(at::kDouble), p.b.narrow(1, 0, p.n).to(at::kDouble));
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("cpu::large_gemm equals torch::mm in double", "[cpu_blas][large_gemm]", float,
+                   double) {
+  if (!cpu::small_gemm_enabled()) {
+    WARN("skipped: this build has no libxsmm, or ATTENTION_CPU_GEMM switched it off");
+    return;
+  }
+  torch::manual_seed(3);
+  const int64_t g = cpu::kSmallGemmGranule;
+  // (m, n, k): one tile; several tiles with ragged last ones on both sides; a contraction at the
+  // kernels' bound (taken whole) and two beyond it (summed in pieces, the last one short).
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{g, g, g},
+                                {17 * g, 5 * g, 3 * g},
+                                {9 * g, 13 * g, cpu::kMaxSmallGemmSide},
+                                {3 * g, 4 * g, cpu::kMaxSmallGemmSide + g},
+                                {2 * g, 2 * g, 129 * g}}) {
+    for (const bool trans_a : {false, true}) {
+      for (const int64_t pad : {0, 3}) {
+        INFO("m " << m << ", n " << n << ", k " << k << ", trans_a " << trans_a << ", pad " << pad);
+        const auto [p, taken] = run<TestType>(trans_a, m, n, k, pad);
+        REQUIRE(taken);
+        const double tolerance =
+            std::is_same_v<TestType, float> ? 1e-4 * std::sqrt(double(k)) : 1e-12;
+        CHECK(torch::allclose(p.result().to(at::kDouble), expected_of(trans_a, p, m, k), tolerance,
+                              tolerance));
+        CHECK(p.c.narrow(1, n, pad).isnan().all().template item<bool>());  // C's padding untouched
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu::large_gemm gives the same bits on one thread and two", "[cpu_blas][large_gemm]") {
+  if (!cpu::small_gemm_enabled()) {
+    WARN("skipped: this build has no libxsmm, or ATTENTION_CPU_GEMM switched it off");
+    return;
+  }
+  const int threads = at::get_num_threads();
+  torch::manual_seed(5);
+  const auto a = torch::randn({40 * 16, 48 * 16}), b = torch::randn({48 * 16, 20 * 16});
+  const auto product_on = [&](int count) {
+    at::set_num_threads(count);
+    auto c = torch::empty({a.size(0), b.size(1)});
+    REQUIRE(cpu::large_gemm<float>(false, a.size(0), b.size(1), a.size(1), a.data_ptr<float>(),
+                                   a.size(1), b.data_ptr<float>(), b.size(1), c.data_ptr<float>(),
+                                   c.size(1)));
+    return c;
+  };
+  const auto one = product_on(1), two = product_on(2);
+  at::set_num_threads(threads);
+  CHECK(torch::equal(one, two));
+}
+
+TEST_CASE("cpu::large_gemm refuses what it does not take and leaves C as it was",
+          "[cpu_blas][large_gemm]") {
+  const int64_t g = cpu::kSmallGemmGranule;
+  const auto a = torch::randn({4 * g, 4 * g}), b = torch::randn({4 * g, 4 * g});
+  auto c = torch::full({4 * g, 4 * g}, 7.0f);
+  const auto refuses = [&](int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
+    return !cpu::large_gemm<float>(false, m, n, k, a.data_ptr<float>(), lda, b.data_ptr<float>(),
+                                   ldb, c.data_ptr<float>(), ldc);
+  };
+  CHECK(refuses(4 * g - 1, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g));  // a ragged side
+  CHECK(refuses(4 * g, 4 * g - 3, 4 * g, 4 * g, 4 * g, 4 * g));
+  CHECK(refuses(4 * g, 4 * g, 0, 4 * g, 4 * g, 4 * g));          // an empty contraction
+  CHECK(refuses(4 * g, 4 * g, 4 * g, 4 * g - 1, 4 * g, 4 * g));  // a stride shorter than its row
+  CHECK(refuses(2 * g, 4 * g, 4 * g, 4 * g, 4 * g, 2 * g));
+  CHECK((c == 7.0f).all().item<bool>());
+  if (!cpu::small_gemm_enabled()) CHECK(refuses(4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g));
+}
+
+TEMPLATE_TEST_CASE("The projections and their gradients on the generated kernels equal linear",
+                   "[cpu_blas][large_gemm][workspace]", float, double) {
+  torch::manual_seed(11);
+  const auto dtype = c10::CppTypeToScalarType<TestType>::value;
+  // 96 rows of 64 features into 48: sides the generated kernels take (multiples of 16).
+  const auto x = torch::randn({2, 48, 64}, dtype).requires_grad_();
+  const auto w = torch::randn({48, 64}, dtype).requires_grad_();
+  const auto b = torch::randn({48}, dtype).requires_grad_();
+  const auto ours = attention::detail::linear_large(x, w, b);
+  // The upstream of a sum (one value expanded) and a random one.
+  for (const bool expanded : {true, false}) {
+    INFO("expanded upstream: " << expanded);
+    const auto upstream = expanded ? torch::ones({1, 1, 1}, dtype).expand(ours.sizes())
+                                   : torch::randn(ours.sizes(), dtype);
+    const auto grads = torch::autograd::grad({ours}, {x, w, b}, {upstream}, true);
+    const auto x64 = x.detach().to(at::kDouble).requires_grad_();
+    const auto w64 = w.detach().to(at::kDouble).requires_grad_();
+    const auto b64 = b.detach().to(at::kDouble).requires_grad_();
+    const auto theirs = torch::nn::functional::linear(x64, w64, b64);
+    const auto expected =
+        torch::autograd::grad({theirs}, {x64, w64, b64}, {upstream.to(at::kDouble)});
+    const double tolerance = std::is_same_v<TestType, float> ? 1e-4 : 1e-12;
+    CHECK(torch::allclose(ours.to(at::kDouble), theirs, tolerance, tolerance));
+    for (int i = 0; i < 3; ++i) {
+      INFO("gradient " << i);
+      CHECK(torch::allclose(grads[i].to(at::kDouble), expected[i], tolerance, tolerance));
+    }
+  }
+  // Inference: the workspace's projection (project without autograd) takes the same route.
+  torch::NoGradGuard no_grad;
+  torch::nn::Linear linear(torch::nn::LinearOptions(64, 48));
+  linear->to(dtype);
+  const auto plain = x.detach();
+  const auto expected = torch::nn::functional::linear(
+      plain.to(at::kDouble), linear->weight.to(at::kDouble), linear->bias.to(at::kDouble));
+  const double tolerance = std::is_same_v<TestType, float> ? 1e-4 : 1e-12;
+  CHECK(torch::allclose(attention::detail::project(linear, plain).to(at::kDouble), expected,
+                        tolerance, tolerance));
+}
