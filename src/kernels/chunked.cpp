@@ -399,6 +399,15 @@ functional::AttentionOutput chunked(const Problem& problem, const Tensor& query,
   // Unbatched (T, d) inputs become one head of one batch.
   const bool unbatched = query.dim() == 2;
   const auto batched = [&](const Tensor& t) { return unbatched ? t.unsqueeze(0) : t; };
+  // Inference on the fused CPU forward: no autograd record and no log-sum-exp (at T = 32768 and 8
+  // heads that is 1 MiB that nothing would read). Sinks shift the output by it, so they keep it.
+  const bool records = torch::GradMode::is_enabled() &&
+                       (query.requires_grad() || key.requires_grad() || value.requires_grad() ||
+                        (p.sinks.defined() && p.sinks.requires_grad()));
+  if (!records && !p.sinks.defined() && fused_cpu_applies(query)) {
+    auto out = cpu_forward(p, batched(query), batched(key), batched(value), /*with_lse=*/false);
+    return {unbatched ? out.first.squeeze(0) : out.first, {}};
+  }
   const auto sinks = p.sinks.defined() ? p.sinks : torch::empty({0}, query.options());
   auto out = ChunkedAttention::apply(batched(query), batched(key), batched(value), sinks, p);
   return {unbatched ? out.squeeze(0) : out, {}};

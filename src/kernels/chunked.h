@@ -26,10 +26,12 @@ bool fused_cpu_applies(const torch::Tensor& query);
 /// keep their shapes (..., H, T, d) (rank 3 at least) and may be strided views.
 /// Returns the output, shaped like the queries with dv features and laid out in memory like them
 /// (so that a module's transpose back to (B, T, H, dv) is a view), and the log-sum-exp of every
-/// query's scaled scores (N, G, Tq), +inf for a query whose keys are all masked.
+/// query's scaled scores (N, G, Tq), +inf for a query whose keys are all masked; with_lse false
+/// leaves the log-sum-exp undefined and never allocates it (inference: nothing reads it).
 std::pair<torch::Tensor, torch::Tensor> cpu_forward(const Problem& p, const torch::Tensor& query,
                                                     const torch::Tensor& key,
-                                                    const torch::Tensor& value);
+                                                    const torch::Tensor& value,
+                                                    bool with_lse = true);
 
 /// The fused CPU backward of `p` (FlashAttention-2's): the gradients of query, key and value,
 /// shaped like them, from the output `out` and log-sum-exp `lse` (N, G, Tq) of the forward. For

@@ -100,7 +100,7 @@ class Forward {
  public:
   Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
           Tensor& lse)
-      : p_(p), q_(q), k_(k), v_(v), out_(out), lse_(lse.data_ptr<T>()) {
+      : p_(p), q_(q), k_(k), v_(v), out_(out), lse_(lse.defined() ? lse.data_ptr<T>() : nullptr) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
 
@@ -174,13 +174,13 @@ class Forward {
         key_block(h, kv, i0 + offset, std::min(p_.block, p_.t_q - i0 - offset), j0, state, w);
       }
     }
-    T* lse = lse_ + h * p_.t_q + i0;
+    T* lse = lse_ ? lse_ + h * p_.t_q + i0 : nullptr;
     for (int64_t r = 0; r < rows; ++r) {
       const bool dead = w.sum[r] == T(0);  // NaN sums are not dead: they stay NaN
       const T inverse = dead ? T(0) : T(1) / w.sum[r];
       T* o = out_.row(h, i0 + r);
       for (int64_t c = 0; c < p_.dv; ++c) o[c] *= inverse;
-      lse[r] = dead ? std::numeric_limits<T>::infinity() : w.max[r] + std::log(w.sum[r]);
+      if (lse) lse[r] = dead ? std::numeric_limits<T>::infinity() : w.max[r] + std::log(w.sum[r]);
     }
   }
 
@@ -247,10 +247,10 @@ bool fused_cpu_applies(const Tensor& query) {
 }
 
 std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, const Tensor& key,
-                                      const Tensor& value) {
+                                      const Tensor& value, bool with_lse) {
   if (cpu::widened_to_float(query)) {
     auto [out, lse] = cpu_forward(cpu::with_float_mask(p), cpu::widened(query), cpu::widened(key),
-                                  cpu::widened(value));
+                                  cpu::widened(value), with_lse);
     return {out.to(query.scalar_type()), lse};  // the log-sum-exp stays float for the backward
   }
   const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
@@ -258,7 +258,7 @@ std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, con
   auto sizes = q.sizes().vec();
   sizes.back() = p.dv;
   Tensor out = cpu::empty_in_layout_of(q, sizes);
-  Tensor lse = torch::empty({p.n, p.g, p.t_q}, q.options());
+  Tensor lse = with_lse ? torch::empty({p.n, p.g, p.t_q}, q.options()) : Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_forward",
                              [&] { Forward<scalar_t>(p, q, k, v, out, lse).run(); });
   return {out, lse};
