@@ -43,8 +43,10 @@ bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c) {
 // out = x W^T + b, written into `out` (x's shape with weight.size(0) last); bias may be undefined.
 void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   auto out_rows = out.view({-1, weight.size(0)});
-  // The generated kernels take B untransposed: W^T once per call (d_in x d_out, small beside x).
-  if (generated_mm(false, rows_of(x), weight.t().contiguous(), out_rows)) {
+  // The generated kernels take B untransposed: W^T once per call (d_in x d_out, small beside x),
+  // made only for the types they take.
+  const bool generated_type = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
+  if (generated_type && generated_mm(false, rows_of(x), weight.t().contiguous(), out_rows)) {
     if (bias.defined()) out_rows.add_(bias);
     return;
   }
@@ -96,7 +98,7 @@ class LargeLinear : public torch::autograd::Function<LargeLinear> {
       }
       if (ctx->needs_input_grad(1)) {
         dw = torch::empty_like(weight, at::MemoryFormat::Contiguous);
-        if (!generated_mm(true, g, rows_of(x), dw)) dw = g.t().mm(rows_of(x));
+        if (!generated_mm(true, g, rows_of(x), dw)) at::mm_out(dw, g.t(), rows_of(x));
       }
     }
     if (with_bias && ctx->needs_input_grad(2)) db = g.sum(0);
