@@ -1,14 +1,9 @@
 #include "detail.h"
+#include "large_buffer_cache.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
-
-#include <cstdlib>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace attention {
 namespace detail {
@@ -64,20 +59,15 @@ QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv
 }
 
 torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& options) {
-#if defined(__linux__)
-  constexpr size_t kHugePage = size_t{2} << 20;
   size_t bytes = options.dtype().itemsize();
   for (auto size : sizes) bytes *= static_cast<size_t>(size);
-  if (options.device().is_cpu() && bytes >= 4 * kHugePage) {
-    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    void* data = nullptr;
-    if (posix_memalign(&data, kHugePage, rounded) == 0) {
-      madvise(data, rounded, MADV_HUGEPAGE);  // advice: without transparent huge pages, a no-op
+  if (large_buffers_available() && options.device().is_cpu() && bytes >= 4 * kLargeBufferGranule) {
+    const LargeBuffer buffer = acquire_large_buffer(bytes);
+    if (buffer.data != nullptr) {
       return torch::from_blob(
-          data, sizes, [](void* p) { std::free(p); }, options);
+          buffer.data, sizes, [buffer](void*) { give_back_large_buffer(buffer); }, options);
     }
   }
-#endif
   return torch::empty(sizes, options);
 }
 

@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <c10/core/GradMode.h>
+#include <array>
 #include <string>
 
 namespace attention {
@@ -57,10 +58,11 @@ bool records_grad(const Tensors&... tensors) {
   return ((tensors.defined() && tensors.requires_grad()) || ...);
 }
 
-/// An uninitialized tensor for a large temporary. On Linux CPU tensors of several MiB live in
-/// memory advised for transparent huge pages: first touch then faults once per 2 MiB instead of
-/// once per 4 KiB, which on many allocators (glibc's among them) is most of the cost of a fresh
-/// large buffer. Its storage cannot be resized. Anything else comes from torch::empty.
+/// An uninitialized tensor for a large temporary. CPU tensors of 8 MiB and more come from the
+/// large-buffer cache (large_buffer_cache.h): memory kept from an earlier tensor of the same size
+/// when there is one, else memory advised for transparent huge pages, where first touch faults
+/// once per 2 MiB instead of once per 4 KiB. Its storage cannot be resized. Anything else (and
+/// everything on systems without posix_memalign) comes from torch::empty.
 torch::Tensor empty_large(c10::IntArrayRef sizes, const torch::TensorOptions& options);
 
 /// linear(x) for a contiguous CPU x that records a gradient, with its output and the input's
@@ -73,6 +75,15 @@ torch::Tensor linear_large(const torch::Tensor& x, const torch::Tensor& weight,
 /// linear_large for a contiguous CPU x, linear(x) itself otherwise.
 torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x,
                       Workspace* workspace = nullptr, int slot = 0);
+
+/// The queries, keys and values: project() of x by `query` and of `source` by `key` and `value`,
+/// into slots 0, 1 and 2 of `workspace`. With a gradient recorded on a contiguous CPU x that is
+/// also the source (self-attention), one autograd node makes all three and, in its backward,
+/// one gradient of x with the three products summed into it.
+std::array<torch::Tensor, 3> project_qkv(const torch::nn::Linear& query,
+                                         const torch::nn::Linear& key,
+                                         const torch::nn::Linear& value, const torch::Tensor& x,
+                                         const torch::Tensor& source, Workspace* workspace);
 
 }  // namespace detail
 }  // namespace attention

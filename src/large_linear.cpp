@@ -12,6 +12,8 @@
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
+#include <array>
+
 namespace attention {
 namespace detail {
 namespace {
@@ -23,9 +25,11 @@ Tensor rows_of(const Tensor& x) {
   return x.view({-1, x.size(-1)});
 }
 
-// c = op(a) b (op(a) = a^T when trans_a) on the generated kernels; false, c untouched, where they
-// do not take it (another device or type, a non-contiguous operand, sides not multiples of 16).
-bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c) {
+// c = op(a) b (op(a) = a^T when trans_a), or c += op(a) b when `accumulate`, on the generated
+// kernels; false, c untouched, where they do not take it (another device or type, a
+// non-contiguous operand, sides not multiples of 16).
+bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c,
+                  bool accumulate = false) {
   const auto type = c.scalar_type();
   if (!c.device().is_cpu() || (type != at::kFloat && type != at::kDouble)) return false;
   const auto usable = [&](const Tensor& t) {
@@ -36,7 +40,7 @@ bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c) {
   return AT_DISPATCH_FLOATING_TYPES(type, "attention::generated_mm", [&] {
     return kernels::cpu::large_gemm<scalar_t>(
         trans_a, c.size(0), c.size(1), k, a.data_ptr<scalar_t>(), a.size(1), b.data_ptr<scalar_t>(),
-        b.size(1), c.data_ptr<scalar_t>(), c.size(1));
+        b.size(1), c.data_ptr<scalar_t>(), c.size(1), accumulate);
   });
 }
 
@@ -64,45 +68,104 @@ std::vector<int64_t> output_sizes(const Tensor& x, int64_t features) {
   return sizes;
 }
 
+// The gradients of y = x W^T + b for the upstream `grad`, those asked for: x's summed into `dx`
+// (made on first use, so several projections of one x write one gradient), W's into `dw`, b's
+// into `db`.
+void linear_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, bool need_x,
+                     bool need_weight, bool need_bias, Tensor& dx, Tensor& dw, Tensor& db) {
+  if (torch::GradMode::is_enabled()) {  // create_graph: differentiable ops
+    const Tensor g = grad.reshape({-1, weight.size(0)});
+    if (need_x) {
+      const Tensor d = g.mm(weight).view(x.sizes());
+      dx = dx.defined() ? dx + d : d;
+    }
+    if (need_weight) dw = g.t().mm(rows_of(x));
+    if (need_bias) db = g.sum(0);
+    return;
+  }
+  Tensor g = grad.reshape({-1, weight.size(0)});
+  // The upstream of a sum is one value expanded: made contiguous (one pass) for the products.
+  if (!g.is_contiguous()) g = empty_large(g.sizes(), g.options()).copy_(g);
+  if (need_x) {
+    const bool accumulate = dx.defined();
+    if (!accumulate) dx = empty_large(x.sizes(), x.options());
+    auto dx_rows = rows_of(dx);
+    if (!generated_mm(false, g, weight, dx_rows, accumulate)) {
+      if (accumulate) {
+        at::addmm_out(dx_rows, dx_rows, g, weight);
+      } else {
+        at::mm_out(dx_rows, g, weight);
+      }
+    }
+  }
+  if (need_weight) {
+    dw = torch::empty_like(weight, at::MemoryFormat::Contiguous);
+    if (!generated_mm(true, g, rows_of(x), dw)) at::mm_out(dw, g.t(), rows_of(x));
+  }
+  if (need_bias) db = g.sum(0);
+}
+
+// Without a bias, `bias` is an empty placeholder (LibTorch's autograd takes no undefined inputs);
+// it records no gradient, so none is asked of it.
+Tensor bias_or_none(const Tensor& bias) {
+  return bias.numel() > 0 ? bias : Tensor();
+}
+
+Tensor placeholder_for(const Tensor& bias, const Tensor& weight) {
+  return bias.defined() ? bias : torch::empty({0}, weight.options());
+}
+
 class LargeLinear : public torch::autograd::Function<LargeLinear> {
  public:
-  // Without a bias, `bias` is an empty placeholder (LibTorch's autograd takes no undefined
-  // inputs).
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
                         const Tensor& weight, const Tensor& bias) {
-    const bool with_bias = bias.numel() > 0;
     Tensor out = empty_large(output_sizes(x, weight.size(0)), x.options());
-    linear_into(out, x, weight, with_bias ? bias : Tensor());
+    linear_into(out, x, weight, bias_or_none(bias));
     ctx->save_for_backward({x, weight});
-    ctx->saved_data["with_bias"] = with_bias;
     return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Tensor &x = saved[0], &weight = saved[1];
-    const bool with_bias = ctx->saved_data["with_bias"].toBool();
-    Tensor g = grads[0].reshape({-1, weight.size(0)});
     Tensor dx, dw, db;
-    if (torch::GradMode::is_enabled()) {  // create_graph: differentiable ops
-      if (ctx->needs_input_grad(0)) dx = g.mm(weight).view(x.sizes());
-      if (ctx->needs_input_grad(1)) dw = g.t().mm(rows_of(x));
-    } else {
-      // The upstream of a sum is one value expanded: made contiguous (one pass) for the products.
-      if (!g.is_contiguous()) g = g.contiguous();
-      if (ctx->needs_input_grad(0)) {
-        dx = empty_large(x.sizes(), x.options());
-        auto dx_rows = rows_of(dx);
-        if (!generated_mm(false, g, weight, dx_rows)) at::mm_out(dx_rows, g, weight);
-      }
-      if (ctx->needs_input_grad(1)) {
-        dw = torch::empty_like(weight, at::MemoryFormat::Contiguous);
-        if (!generated_mm(true, g, rows_of(x), dw)) at::mm_out(dw, g.t(), rows_of(x));
-      }
-    }
-    if (with_bias && ctx->needs_input_grad(2)) db = g.sum(0);
+    linear_backward(grads[0], saved[0], saved[1], ctx->needs_input_grad(0),
+                    ctx->needs_input_grad(1), ctx->needs_input_grad(2), dx, dw, db);
     return {dx, dw, db};
+  }
+};
+
+// Three projections of one x (a self-attention's queries, keys and values) as one node, whose
+// backward sums the three products into one gradient of x. As three nodes they would hand
+// autograd three gradients of x to add, and LibTorch 1.13's autograd adds each into fresh memory
+// (two passes over B*T*d_in elements and two fresh buffers per step).
+class LargeLinear3 : public torch::autograd::Function<LargeLinear3> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const Tensor& x, const Tensor& w0, const Tensor& b0,
+                                                const Tensor& w1, const Tensor& b1,
+                                                const Tensor& w2, const Tensor& b2) {
+    torch::autograd::variable_list out;
+    for (const auto& [weight, bias] : {std::pair{w0, b0}, {w1, b1}, {w2, b2}}) {
+      out.push_back(empty_large(output_sizes(x, weight.size(0)), x.options()));
+      linear_into(out.back(), x, weight, bias_or_none(bias));
+    }
+    ctx->save_for_backward({x, w0, w1, w2});
+    ctx->set_materialize_grads(false);  // an output left out of the loss: no zeros multiplied
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    torch::autograd::variable_list result(7);
+    for (int i = 0; i < 3; ++i) {
+      if (!grads[i].defined()) continue;  // an output that took no part in the loss
+      linear_backward(grads[i], saved[0], saved[1 + i], ctx->needs_input_grad(0),
+                      ctx->needs_input_grad(1 + 2 * i), ctx->needs_input_grad(2 + 2 * i), result[0],
+                      result[1 + 2 * i], result[2 + 2 * i]);
+    }
+    return result;
   }
 };
 
@@ -124,7 +187,24 @@ Tensor project(const torch::nn::Linear& linear, const Tensor& x, Workspace* work
 }
 
 Tensor linear_large(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return LargeLinear::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()));
+  return LargeLinear::apply(x, weight, placeholder_for(bias, weight));
+}
+
+std::array<Tensor, 3> project_qkv(const torch::nn::Linear& query, const torch::nn::Linear& key,
+                                  const torch::nn::Linear& value, const Tensor& x,
+                                  const Tensor& source, Workspace* workspace) {
+  const auto& w0 = query->weight;
+  const auto& w1 = key->weight;
+  const auto& w2 = value->weight;
+  if (source.is_same(x) && x.is_contiguous() && x.device().is_cpu() &&
+      records_grad(x, w0, query->bias, w1, key->bias, w2, value->bias)) {
+    const auto out =
+        LargeLinear3::apply(x, w0, placeholder_for(query->bias, w0), w1,
+                            placeholder_for(key->bias, w1), w2, placeholder_for(value->bias, w2));
+    return {out[0], out[1], out[2]};
+  }
+  return {project(query, x, workspace, 0), project(key, source, workspace, 1),
+          project(value, source, workspace, 2)};
 }
 
 }  // namespace detail

@@ -137,16 +137,10 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   const int64_t B = xb.size(0), t_q = xb.size(1), H = options.num_heads();
   const int64_t H_kv = options.num_kv_heads(), hd = head_dim();
 
-  // Slots of the workspace, one per projection.
-  enum : int { kQuery, kKey, kValue };
-  auto queries =
-      detail::project(W_query, xb, &workspace_, kQuery).view({B, t_q, H, hd}).transpose(1, 2);
-  auto keys = detail::project(W_key, source, &workspace_, kKey)
-                  .view({B, source.size(1), H_kv, hd})
-                  .transpose(1, 2);
-  auto values = detail::project(W_value, source, &workspace_, kValue)
-                    .view({B, source.size(1), H_kv, hd})
-                    .transpose(1, 2);
+  const auto [q, k, v] = detail::project_qkv(W_query, W_key, W_value, xb, source, &workspace_);
+  auto queries = q.view({B, t_q, H, hd}).transpose(1, 2);
+  auto keys = k.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
+  auto values = v.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
   if (rotary_) {
     // After a cache's tokens, the new ones continue their positions.
     const int64_t past = forward_options.kv_cache() ? forward_options.kv_cache()->length()

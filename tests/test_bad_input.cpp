@@ -544,6 +544,8 @@ std::vector<BadInput> cases() {
          attention::Workspace().take(0, {2, -1}, torch::kFloat);
        },
        Kind::Value, "attention::Workspace::take: expected sizes >= 0, got (2, -1)"},
+      {"large buffer cache: negative limit", [] { attention::set_large_buffer_cache_limit(-1); },
+       Kind::Value, "attention::set_large_buffer_cache_limit: expected a limit >= 0 bytes, got -1"},
   };
 }
 

@@ -84,6 +84,36 @@ TEMPLATE_TEST_CASE("cpu::large_gemm equals torch::mm in double", "[cpu_blas][lar
   }
 }
 
+TEMPLATE_TEST_CASE("cpu::large_gemm accumulates into C on request", "[cpu_blas][large_gemm]", float,
+                   double) {
+  if (!cpu::small_gemm_enabled()) {
+    WARN("skipped: this build has no libxsmm, or ATTENTION_CPU_GEMM switched it off");
+    return;
+  }
+  torch::manual_seed(4);
+  const int64_t g = cpu::kSmallGemmGranule;
+  // A contraction taken whole and one summed in pieces; A plain and transposed.
+  for (const int64_t k : {3 * g, cpu::kMaxSmallGemmSide + 2 * g}) {
+    for (const bool trans_a : {false, true}) {
+      INFO("k " << k << ", trans_a " << trans_a);
+      const int64_t m = 9 * g, n = 5 * g;
+      const auto dtype = c10::CppTypeToScalarType<TestType>::value;
+      const auto a = trans_a ? torch::randn({k, m}, dtype) : torch::randn({m, k}, dtype);
+      const auto b = torch::randn({k, n}, dtype);
+      const auto before = torch::randn({m, n}, dtype);
+      auto c = before.clone();
+      REQUIRE(cpu::large_gemm<TestType>(trans_a, m, n, k, a.template data_ptr<TestType>(),
+                                        a.size(1), b.template data_ptr<TestType>(), n,
+                                        c.template data_ptr<TestType>(), n, /*accumulate=*/true));
+      const auto op_a = (trans_a ? a.t() : a).to(at::kDouble);
+      const auto expected = before.to(at::kDouble) + torch::mm(op_a, b.to(at::kDouble));
+      const double tolerance =
+          std::is_same_v<TestType, float> ? 1e-4 * std::sqrt(double(k)) : 1e-12;
+      CHECK(torch::allclose(c.to(at::kDouble), expected, tolerance, tolerance));
+    }
+  }
+}
+
 TEST_CASE("cpu::large_gemm gives the same bits on one thread and two", "[cpu_blas][large_gemm]") {
   if (!cpu::small_gemm_enabled()) {
     WARN("skipped: this build has no libxsmm, or ATTENTION_CPU_GEMM switched it off");
@@ -161,4 +191,58 @@ TEMPLATE_TEST_CASE("The projections and their gradients on the generated kernels
   const double tolerance = std::is_same_v<TestType, float> ? 1e-4 : 1e-12;
   CHECK(torch::allclose(attention::detail::project(linear, plain).to(at::kDouble), expected,
                         tolerance, tolerance));
+}
+
+TEMPLATE_TEST_CASE("Queries, keys and values of one input as one node equal three linears",
+                   "[cpu_blas][large_gemm][workspace]", float, double) {
+  torch::manual_seed(12);
+  const auto dtype = c10::CppTypeToScalarType<TestType>::value;
+  const double tolerance = std::is_same_v<TestType, float> ? 1e-4 : 1e-12;
+  // 64 features (the generated kernels' sides) and 40 (LibTorch's BLAS, the sums by addmm);
+  // with biases and without; every output in the loss, and the keys left out of it.
+  for (const int64_t features : {64, 40}) {
+    for (const bool bias : {true, false}) {
+      for (const bool keys_used : {true, false}) {
+        INFO("features " << features << ", bias " << bias << ", keys used " << keys_used);
+        std::vector<torch::nn::Linear> linears;
+        std::vector<torch::Tensor> params;
+        for (int i = 0; i < 3; ++i) {
+          linears.emplace_back(torch::nn::LinearOptions(features, 32 + 16 * i).bias(bias));
+          linears.back()->to(dtype);
+          for (const auto& p : linears.back()->parameters()) params.push_back(p);
+        }
+        const auto x = torch::randn({2, 48, features}, dtype).requires_grad_();
+        const auto ours =
+            attention::detail::project_qkv(linears[0], linears[1], linears[2], x, x, nullptr);
+        CHECK(ours[0].grad_fn() == ours[2].grad_fn());  // one node
+        std::vector<torch::Tensor> theirs, upstreams;
+        std::vector<torch::Tensor> inputs{x};
+        inputs.insert(inputs.end(), params.begin(), params.end());
+        torch::Tensor loss_ours = torch::zeros({}, dtype), loss_theirs = torch::zeros({}, dtype);
+        for (int i = 0; i < 3; ++i) {
+          const auto& l = linears[i];
+          theirs.push_back(torch::nn::functional::linear(x, l->weight, l->bias));
+          CHECK(torch::allclose(ours[i], theirs[i], tolerance, tolerance));
+          if (i == 1 && !keys_used) continue;
+          const auto upstream = torch::randn(ours[i].sizes(), dtype);
+          loss_ours = loss_ours + (ours[i] * upstream).sum();
+          loss_theirs = loss_theirs + (theirs[i] * upstream).sum();
+        }
+        const auto g1 = torch::autograd::grad({loss_ours}, inputs, {}, true, true, true);
+        const auto g2 = torch::autograd::grad({loss_theirs}, inputs, {}, true, true, true);
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          INFO("gradient " << i);
+          REQUIRE(g1[i].defined() == g2[i].defined());
+          if (g1[i].defined()) CHECK(torch::allclose(g1[i], g2[i], tolerance, tolerance));
+        }
+        // Without create_graph (the kernels' route), and through the first gradients with it.
+        const auto plain = torch::autograd::grad({loss_ours}, {x, params[0]}, {}, true);
+        CHECK(torch::allclose(plain[0], g2[0], tolerance, tolerance));
+        CHECK(torch::allclose(plain[1], g2[1], tolerance, tolerance));
+        const auto h1 = torch::autograd::grad({g1[0].square().sum()}, {params[0]});
+        const auto h2 = torch::autograd::grad({g2[0].square().sum()}, {params[0]});
+        CHECK(torch::allclose(h1[0], h2[0], tolerance, tolerance));
+      }
+    }
+  }
 }

@@ -80,4 +80,43 @@ ATTENTION_API int64_t kernel_workspace_bytes();
 /// by a call running now are freed when it ends. Later calls allocate them again.
 ATTENTION_API void release_kernel_workspace();
 
+/// The default of set_large_buffer_cache_limit(): 1 GiB.
+constexpr int64_t kDefaultLargeBufferCacheLimit = int64_t{1} << 30;
+
+/// The bytes of large temporaries kept idle for reuse. The modules' projections, the attention
+/// kernels' outputs and their gradients, and the input gradients of training take their memory
+/// (when they are CPU tensors of 8 MiB or more) from a process-wide cache: memory that an earlier
+/// tensor of the same size (rounded up to 2 MiB) gave back when it was freed, else new memory
+/// advised for transparent huge pages. A training step then takes no fresh pages after its first
+/// run, and neither does inference: on these machines fresh pages cost about a tenth of a
+/// step, and how much depends on the allocator. Memory in use by a tensor is never handed out.
+/// At most large_buffer_cache_limit() bytes are kept idle; the buffers kept longest go first.
+///
+/// Example:
+/// \code
+/// attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(768, 768, 12));
+/// auto x = torch::randn({8, 1024, 768});
+/// mha(x).sum().backward();
+/// std::cout << attention::large_buffer_cache_bytes() << " bytes kept\n";
+/// attention::release_large_buffer_cache();  // none kept now
+/// \endcode
+ATTENTION_API int64_t large_buffer_cache_bytes();
+
+/// The most bytes of large temporaries kept idle (see large_buffer_cache_bytes()).
+ATTENTION_API int64_t large_buffer_cache_limit();
+
+/// Sets the most bytes of large temporaries kept idle, freeing what is idle beyond it now; 0 keeps
+/// none (every large temporary then takes fresh memory, as without the cache). Throws
+/// c10::ValueError for a negative limit.
+///
+/// Example:
+/// \code
+/// attention::set_large_buffer_cache_limit(int64_t{256} << 20);  // 256 MiB
+/// \endcode
+ATTENTION_API void set_large_buffer_cache_limit(int64_t bytes);
+
+/// Frees the idle large temporaries; buffers in use now are freed when their tensors go, instead
+/// of being kept. Later calls fill the cache again.
+ATTENTION_API void release_large_buffer_cache();
+
 }  // namespace attention

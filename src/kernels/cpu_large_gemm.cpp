@@ -32,7 +32,7 @@ bool takes(bool trans_a, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t l
 
 template <typename T>
 bool large_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-                int64_t ldb, T* c, int64_t ldc) {
+                int64_t ldb, T* c, int64_t ldc, bool accumulate) {
   if (!takes(trans_a, m, n, k, lda, ldb, ldc)) return false;
   const int64_t piece = k <= kMaxSmallGemmSide ? k : kPiece;
   const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
@@ -46,8 +46,8 @@ bool large_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64
       for (int64_t k0 = 0; k0 < k; k0 += piece) {
         const T* a_piece = trans_a ? a + k0 * lda + r0 : a + r0 * lda + k0;
         gemm<T>(trans_a, false, rows, cols, std::min(piece, k - k0), T(1), a_piece, lda,
-                b + k0 * ldb + c0, ldb, k0 == 0 ? T(0) : T(1), c + r0 * ldc + c0, ldc,
-                scratch.data());
+                b + k0 * ldb + c0, ldb, k0 == 0 && !accumulate ? T(0) : T(1), c + r0 * ldc + c0,
+                ldc, scratch.data());
       }
     }
   });
@@ -55,9 +55,9 @@ bool large_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64
 }
 
 template bool large_gemm<float>(bool, int64_t, int64_t, int64_t, const float*, int64_t,
-                                const float*, int64_t, float*, int64_t);
+                                const float*, int64_t, float*, int64_t, bool);
 template bool large_gemm<double>(bool, int64_t, int64_t, int64_t, const double*, int64_t,
-                                 const double*, int64_t, double*, int64_t);
+                                 const double*, int64_t, double*, int64_t, bool);
 
 }  // namespace cpu
 }  // namespace kernels

@@ -13,8 +13,9 @@ namespace attention {
 namespace kernels {
 namespace cpu {
 
-/// Row-major C (m x n, row stride ldc) = op(A) B with op(A) m x k (A itself k x m when trans_a);
-/// rows of A and B have strides lda and ldb. C is written, not read. Tiles of C go to generated
+/// Row-major C (m x n, row stride ldc) = op(A) B with op(A) m x k (A itself k x m when trans_a),
+/// or C += op(A) B when `accumulate`; rows of A and B have strides lda and ldb. Without
+/// `accumulate` C is written, not read. Tiles of C go to generated
 /// kernels, each through cpu::gemm (so a tile without a kernel takes BLAS); contractions longer
 /// than kMaxSmallGemmSide are summed in pieces, as BLAS sums its panels. Returns false and
 /// leaves C untouched where it does not take the product: generated kernels unavailable or
@@ -22,7 +23,7 @@ namespace cpu {
 /// stride shorter than its row. For float and double.
 template <typename T>
 bool large_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-                int64_t ldb, T* c, int64_t ldc);
+                int64_t ldb, T* c, int64_t ldc, bool accumulate = false);
 
 }  // namespace cpu
 }  // namespace kernels
