@@ -96,7 +96,7 @@ constexpr int64_t kDefaultLargeBufferCacheLimit = int64_t{1} << 30;
 /// \code
 /// attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(768, 768, 12));
 /// auto x = torch::randn({8, 1024, 768});
-/// mha(x).sum().backward();
+/// mha(x).output.sum().backward();
 /// std::cout << attention::large_buffer_cache_bytes() << " bytes kept\n";
 /// attention::release_large_buffer_cache();  // none kept now
 /// \endcode
