@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <deque>
+#include <iterator>
 #include <mutex>
 
 #if defined(__linux__)

@@ -87,9 +87,10 @@ constexpr int64_t kDefaultLargeBufferCacheLimit = int64_t{1} << 30;
 /// kernels' outputs and their gradients, and the input gradients of training take their memory
 /// (when they are CPU tensors of 8 MiB or more) from a process-wide cache: memory that an earlier
 /// tensor of the same size (rounded up to 2 MiB) gave back when it was freed, else new memory
-/// advised for transparent huge pages. A training step then takes no fresh pages after its first
-/// run, and neither does inference: on these machines fresh pages cost about a tenth of a
-/// step, and how much depends on the allocator. Memory in use by a tensor is never handed out.
+/// advised for transparent huge pages. From its second run on, a training step takes no fresh
+/// pages for these tensors, and neither does inference: on these machines fresh pages cost about
+/// a tenth of a step, and how much depends on the allocator. Memory in use by a tensor is never
+/// handed out.
 /// At most large_buffer_cache_limit() bytes are kept idle; the buffers kept longest go first.
 ///
 /// Example:
