@@ -73,8 +73,8 @@ std::vector<int64_t> output_sizes(const Tensor& x, int64_t features) {
 // into `db`.
 void linear_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, bool need_x,
                      bool need_weight, bool need_bias, Tensor& dx, Tensor& dw, Tensor& db) {
+  Tensor g = grad.reshape({-1, weight.size(0)});
   if (torch::GradMode::is_enabled()) {  // create_graph: differentiable ops
-    const Tensor g = grad.reshape({-1, weight.size(0)});
     if (need_x) {
       const Tensor d = g.mm(weight).view(x.sizes());
       dx = dx.defined() ? dx + d : d;
@@ -83,7 +83,6 @@ void linear_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, 
     if (need_bias) db = g.sum(0);
     return;
   }
-  Tensor g = grad.reshape({-1, weight.size(0)});
   // The upstream of a sum is one value expanded: made contiguous (one pass) for the products.
   if (!g.is_contiguous()) g = empty_large(g.sizes(), g.options()).copy_(g);
   if (need_x) {
@@ -169,15 +168,21 @@ class LargeLinear3 : public torch::autograd::Function<LargeLinear3> {
   }
 };
 
+// Whether projections of x by `params` train through the autograd functions above: a gradient
+// recorded on a contiguous CPU x (elsewhere linear() records its own).
+template <typename... Params>
+bool trains_large(const Tensor& x, const Params&... params) {
+  return x.is_contiguous() && x.device().is_cpu() && records_grad(x, params...);
+}
+
 }  // namespace
 
 Tensor project(const torch::nn::Linear& linear, const Tensor& x, Workspace* workspace, int slot) {
   const auto& weight = linear->weight;
   const auto& bias = linear->bias;
-  if (!x.is_contiguous()) return torch::nn::functional::linear(x, weight, bias);
-  if (records_grad(x, weight, bias)) {
-    return x.device().is_cpu() ? linear_large(x, weight, bias)
-                               : torch::nn::functional::linear(x, weight, bias);
+  if (trains_large(x, weight, bias)) return linear_large(x, weight, bias);
+  if (!x.is_contiguous() || records_grad(x, weight, bias)) {
+    return torch::nn::functional::linear(x, weight, bias);
   }
   const auto sizes = output_sizes(x, weight.size(0));
   Tensor out =
@@ -196,8 +201,7 @@ std::array<Tensor, 3> project_qkv(const torch::nn::Linear& query, const torch::n
   const auto& w0 = query->weight;
   const auto& w1 = key->weight;
   const auto& w2 = value->weight;
-  if (source.is_same(x) && x.is_contiguous() && x.device().is_cpu() &&
-      records_grad(x, w0, query->bias, w1, key->bias, w2, value->bias)) {
+  if (source.is_same(x) && trains_large(x, w0, query->bias, w1, key->bias, w2, value->bias)) {
     const auto out =
         LargeLinear3::apply(x, w0, placeholder_for(query->bias, w0), w1,
                             placeholder_for(key->bias, w1), w2, placeholder_for(value->bias, w2));
