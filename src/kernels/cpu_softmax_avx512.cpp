@@ -1,0 +1,188 @@
+#include "kernels/cpu_softmax_avx512.h"
+
+#include "kernels/cpu_tile.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#if ATTENTION_HAS_AVX512_SOFTMAX
+#include <immintrin.h>
+#endif
+
+// GCC's intrinsics leave the lanes they do not write as _mm512_undefined_ps(), a variable
+// initialized with itself, which GCC 12 then reports as maybe uninitialized wherever they inline.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace attention {
+namespace kernels {
+namespace cpu {
+
+#if ATTENTION_HAS_AVX512_SOFTMAX
+
+bool avx512_softmax_enabled() {
+  static const bool enabled = [] {
+    const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
+    if (forced != nullptr && std::strcmp(forced, "portable") == 0) return false;
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return enabled;
+}
+
+namespace {
+
+#define ATTENTION_AVX512 __attribute__((target("avx512f")))
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// exp(x) in 16 lanes for x <= 0 (small positive x, from rounding, are fine): 0 where x is below
+// -87 (results near 2^-126 and below, as exp_nonpositive gives) or where `keep` is clear, NaN
+// where x is NaN. x = n ln 2 + r with n = round(x / ln 2) and ln 2 in two parts (Cody and
+// Waite's, as in Cephes: n ln2_hi is exact for every n here), then e^r on [-ln 2 / 2, ln 2 / 2]
+// as 1 + r q(r), q of degree 5 fitted for the least largest relative error (2.2e-9), and 2^n
+// applied by vscalefps. Within 1.04 ulp of exp over [-87, 0]; exp(0) is exactly 1.
+ATTENTION_AVX512 inline __m512 exp_nonpositive16(__m512 x, __mmask16 keep = 0xFFFF) {
+  // Unordered "not less than": NaN lanes are kept, and stay NaN through every step.
+  const __mmask16 kept = _mm512_mask_cmp_ps_mask(keep, x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 q = _mm512_set1_ps(0.0013847306836396456f);
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.00837505143135786f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.04166798293590546f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.16666419804096222f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.4999999403953552f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f));
+  const __m512 e = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kept, e, n);
+}
+
+// The lanes of a row's last, partial vector: the first `count` (0 < count < 16).
+inline __mmask16 first_lanes(int64_t count) {
+  return static_cast<__mmask16>((1u << count) - 1u);
+}
+
+// The largest of row[0, seen), NaN scores left out (vmaxps gives its second operand when either
+// is NaN, and the accumulators are never NaN); -inf when there is none. Four accumulators, so that
+// the pass is not one chain of maxima.
+ATTENTION_AVX512 inline float row_maximum(const float* row, int64_t seen) {
+  const __m512 none = _mm512_set1_ps(-kInf);
+  __m512 m0 = none, m1 = none, m2 = none, m3 = none;
+  int64_t j = 0;
+  for (; j + 64 <= seen; j += 64) {
+    m0 = _mm512_max_ps(_mm512_loadu_ps(row + j), m0);
+    m1 = _mm512_max_ps(_mm512_loadu_ps(row + j + 16), m1);
+    m2 = _mm512_max_ps(_mm512_loadu_ps(row + j + 32), m2);
+    m3 = _mm512_max_ps(_mm512_loadu_ps(row + j + 48), m3);
+  }
+  for (; j + 16 <= seen; j += 16) m0 = _mm512_max_ps(_mm512_loadu_ps(row + j), m0);
+  if (j < seen) m1 = _mm512_max_ps(_mm512_mask_loadu_ps(none, first_lanes(seen - j), row + j), m1);
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+}
+
+// row[0, seen) = exp(row - shift), returning their sum (NaN if one is NaN).
+ATTENTION_AVX512 inline float exponentials(float* row, int64_t seen, float shift) {
+  const __m512 by = _mm512_set1_ps(shift);
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= seen; j += 32) {
+    const __m512 e0 = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j), by));
+    const __m512 e1 = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), by));
+    _mm512_storeu_ps(row + j, e0);
+    _mm512_storeu_ps(row + j + 16, e1);
+    a0 = _mm512_add_ps(a0, e0);
+    a1 = _mm512_add_ps(a1, e1);
+  }
+  for (; j + 16 <= seen; j += 16) {
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j), by));
+    _mm512_storeu_ps(row + j, e);
+    a0 = _mm512_add_ps(a0, e);
+  }
+  if (j < seen) {
+    const __mmask16 lanes = first_lanes(seen - j);
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), by);
+    const __m512 e = exp_nonpositive16(x, lanes);  // lanes past the row give 0
+    _mm512_mask_storeu_ps(row + j, lanes, e);
+    a1 = _mm512_add_ps(a1, e);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+// a[0, count) *= by.
+ATTENTION_AVX512 inline void scale_row(float* a, int64_t count, float by) {
+  const __m512 b = _mm512_set1_ps(by);
+  int64_t c = 0;
+  for (; c + 16 <= count; c += 16)
+    _mm512_storeu_ps(a + c, _mm512_mul_ps(_mm512_loadu_ps(a + c), b));
+  if (c < count) {
+    const __mmask16 lanes = first_lanes(count - c);
+    _mm512_mask_storeu_ps(a + c, lanes, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, a + c), b));
+  }
+}
+
+}  // namespace
+
+ATTENTION_AVX512 void softmax_step_avx512(float* s, int64_t rows, int64_t cols, int64_t ld,
+                                          bool causal, int64_t valid, float* max, float* sum,
+                                          float* acc, int64_t dv, int64_t acc_ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
+    const float row_max = row_maximum(row, seen);
+    const float new_max = row_max > max[r] ? row_max : max[r];
+    // A +inf score (whose exp relative to itself is inf/inf) leaves the row's softmax undefined:
+    // NaN, as the whole-matrix softmax gives. NaN scores make the sum NaN through their exp.
+    if (row_max == kInf) sum[r] = std::numeric_limits<float>::quiet_NaN();
+    if (new_max == -kInf) {  // every key masked so far: nothing to add, but NaN stays NaN
+      if (std::any_of(row, row + seen, [](float x) { return x != x; })) {
+        sum[r] = std::numeric_limits<float>::quiet_NaN();
+      }
+      std::fill(row, row + cols, 0.0f);
+      continue;
+    }
+    const float added = exponentials(row, seen, new_max);
+    std::fill(row + seen, row + cols, 0.0f);
+    const float correction = exp_nonpositive(max[r] - new_max);
+    sum[r] = sum[r] * correction + added;
+    max[r] = new_max;
+    if (correction != 1.0f) scale_row(acc + r * acc_ld, dv, correction);
+  }
+}
+
+ATTENTION_AVX512 void probabilities_avx512(float* s, float* prob, int64_t rows, int64_t cols,
+                                           bool causal, int64_t valid, const float* lse) {
+  const __m512 hidden = _mm512_set1_ps(-kInf);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* score = s + r * cols;
+    float* pr = prob + r * cols;
+    const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
+    const __m512 row_lse = _mm512_set1_ps(lse[r]);
+    for (int64_t j = 0; j < seen; j += 16) {
+      const __mmask16 lanes = seen - j >= 16 ? __mmask16(0xFFFF) : first_lanes(seen - j);
+      const __m512 x = _mm512_maskz_loadu_ps(lanes, score + j);
+      // A hidden key gets 0 even where the row's log-sum-exp is NaN.
+      const __mmask16 visible = _mm512_mask_cmp_ps_mask(lanes, x, hidden, _CMP_NEQ_UQ);
+      _mm512_mask_storeu_ps(pr + j, lanes, exp_nonpositive16(_mm512_sub_ps(x, row_lse), visible));
+    }
+    std::fill(score + seen, score + cols, -kInf);
+    std::fill(pr + seen, pr + cols, 0.0f);
+  }
+}
+
+#undef ATTENTION_AVX512
+
+#else
+
+bool avx512_softmax_enabled() {
+  return false;
+}
+
+#endif
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention
