@@ -9,7 +9,6 @@
 // portable loops.
 
 #include "kernels/cpu_softmax_avx512.h"
-#include "kernels/cpu_tile.h"
 
 #include <torch/torch.h>
 #include "catch_compat.h"
