@@ -3,8 +3,8 @@
 // backward, the input's gradient. Autograd keeps a training step's projections until the
 // backward, so they cannot come from a reused workspace; what they can avoid is being faulted in
 // 4 KiB at a time on every step, which on these machines costs as much as a tenth of the step.
-// The products themselves go to the generated kernels where they take them
-// (kernels/cpu_large_gemm.h), and to LibTorch's BLAS everywhere else.
+// The products themselves go to the generated kernels where those beat this machine's BLAS and
+// take the shapes (kernels/cpu_large_gemm.h), and to LibTorch's BLAS everywhere else.
 
 #include "detail.h"
 #include "kernels/cpu_large_gemm.h"
@@ -26,10 +26,11 @@ Tensor rows_of(const Tensor& x) {
 }
 
 // c = op(a) b (op(a) = a^T when trans_a), or c += op(a) b when `accumulate`, on the generated
-// kernels; false, c untouched, where they do not take it (another device or type, a
-// non-contiguous operand, sides not multiples of 16).
+// kernels; false, c untouched, where they do not take it (BLAS preferred on this machine, another
+// device or type, a non-contiguous operand, sides not multiples of 16).
 bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c,
                   bool accumulate = false) {
+  if (!kernels::cpu::large_gemm_preferred()) return false;
   const auto type = c.scalar_type();
   if (!c.device().is_cpu() || (type != at::kFloat && type != at::kDouble)) return false;
   const auto usable = [&](const Tensor& t) {
@@ -48,9 +49,10 @@ bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c,
 void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   auto out_rows = out.view({-1, weight.size(0)});
   // The generated kernels take B untransposed: W^T once per call (d_in x d_out, small beside x),
-  // made only for the types they take.
+  // made only where they are the route and for the types they take.
   const bool generated_type = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-  if (generated_type && generated_mm(false, rows_of(x), weight.t().contiguous(), out_rows)) {
+  if (generated_type && kernels::cpu::large_gemm_preferred() &&
+      generated_mm(false, rows_of(x), weight.t().contiguous(), out_rows)) {
     if (bias.defined()) out_rows.add_(bias);
     return;
   }

@@ -1,10 +1,11 @@
 // The projections' large products on the generated kernels (kernels/cpu_large_gemm.h) against
 // torch::mm in double: A plain and transposed, padded row strides, C full of NaN (never read),
 // sides that span several tiles and a ragged last tile, contractions summed in pieces; the same
-// result on one thread and two; what it refuses leaves C as it was; and the module's projections
-// with their gradients on it against linear in double.
+// result on one thread and two; what it refuses leaves C as it was; the module's projections
+// with their gradients on it against linear in double; and the rule that picks their route.
 
 #include "detail.h"
+#include "kernels/cpu_blas.h"
 #include "kernels/cpu_large_gemm.h"
 #include "kernels/cpu_small_gemm.h"
 
@@ -13,6 +14,8 @@
 #include "catch_compat.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <tuple>
 
 namespace cpu = attention::kernels::cpu;
@@ -245,4 +248,37 @@ TEMPLATE_TEST_CASE("Queries, keys and values of one input as one node equal thre
       }
     }
   }
+}
+
+TEST_CASE("The projections take the generated kernels only where the BLAS lacks AVX-512 kernels",
+          "[cpu_blas][large_gemm]") {
+  // OpenBLAS's core names, as openblas_get_corename() spells them (and once in lower case).
+  for (const char* wide : {"SkylakeX", "Cooperlake", "SapphireRapids", "sapphirerapids"}) {
+    INFO(wide);
+    CHECK_FALSE(cpu::generated_beats_blas(true, wide));
+  }
+  for (const char* narrow : {"Haswell", "Zen", "Prescott"}) {
+    INFO(narrow);
+    CHECK(cpu::generated_beats_blas(true, narrow));
+    CHECK_FALSE(cpu::generated_beats_blas(false, narrow));  // the generated code is AVX2 too
+  }
+  CHECK_FALSE(cpu::generated_beats_blas(true, nullptr));  // another BLAS picks its own kernels
+  CHECK_FALSE(cpu::generated_beats_blas(true, ""));
+}
+
+TEST_CASE("The projections' route follows the rule and ATTENTION_CPU_PROJECTIONS",
+          "[cpu_blas][large_gemm]") {
+  const char* forced = std::getenv("ATTENTION_CPU_PROJECTIONS");
+  const std::string choice = forced != nullptr ? forced : "";
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
+#else
+  const bool avx512 = false;
+#endif
+  const bool rule = cpu::generated_beats_blas(avx512, cpu::blas_core_name());
+  const bool expected =
+      cpu::small_gemm_enabled() && choice != "blas" && (choice == "generated" || rule);
+  INFO("BLAS core " << (cpu::blas_core_name() != nullptr ? cpu::blas_core_name() : "(unnamed)")
+                    << ", ATTENTION_CPU_PROJECTIONS '" << choice << "'");
+  CHECK(cpu::large_gemm_preferred() == expected);
 }

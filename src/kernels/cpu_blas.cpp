@@ -110,6 +110,19 @@ FortranGemm<double> fortran_gemm<double>() {
 
 }  // namespace
 
+const char* blas_core_name() {
+#ifdef ATTENTION_HAS_DLSYM
+  static const char* const name = []() -> const char* {
+    using CoreName = char* (*)();
+    const auto f = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+    return f != nullptr ? f() : nullptr;  // OpenBLAS returns a string of its own, never freed
+  }();
+  return name;
+#else
+  return nullptr;
+#endif
+}
+
 template <typename T>
 void gemm_through_addmm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
                         const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,

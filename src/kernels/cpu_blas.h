@@ -42,6 +42,11 @@ void gemm_through_addmm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 /// "addmm". ATTENTION_CPU_GEMM=blas in the environment keeps libxsmm out, =addmm both.
 const char* gemm_route();
 
+/// The kernel family the process's BLAS runs, where the BLAS names it: OpenBLAS's core name
+/// (`openblas_get_corename()`, such as "Haswell", "SkylakeX" or "Cooperlake"), read once; nullptr
+/// for a BLAS that does not say or a process without one.
+const char* blas_core_name();
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace attention

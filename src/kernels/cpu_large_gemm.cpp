@@ -6,6 +6,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 namespace attention {
@@ -28,7 +32,40 @@ bool takes(bool trans_a, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t l
          lda >= (trans_a ? m : k) && ldb >= n && ldc >= n;
 }
 
+bool processor_has_avx512() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return __builtin_cpu_supports("avx512f") != 0;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+bool generated_beats_blas(bool processor_has_avx512, const char* openblas_core) {
+  // No name (another BLAS, or an OpenBLAS that does not say) is trusted to pick its own kernels.
+  if (!processor_has_avx512 || openblas_core == nullptr || *openblas_core == '\0') return false;
+  std::string core(openblas_core);
+  std::transform(core.begin(), core.end(), core.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  // OpenBLAS's x86-64 cores with AVX-512 kernels (0.3.21 has the first two; 0.3.22 added the
+  // third). Every other core name on an AVX-512 processor is an older family's kernels.
+  for (const char* wide : {"skylakex", "cooperlake", "sapphirerapids"}) {
+    if (core == wide) return false;
+  }
+  return true;
+}
+
+bool large_gemm_preferred() {
+  static const bool preferred = [] {
+    if (!small_gemm_enabled()) return false;
+    const char* forced = std::getenv("ATTENTION_CPU_PROJECTIONS");
+    if (forced != nullptr && std::strcmp(forced, "generated") == 0) return true;
+    if (forced != nullptr && std::strcmp(forced, "blas") == 0) return false;
+    return generated_beats_blas(processor_has_avx512(), blas_core_name());
+  }();
+  return preferred;
+}
 
 template <typename T>
 bool large_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
