@@ -6,6 +6,7 @@
 
 #include "detail.h"
 #include "kernels/cpu_blas.h"
+#include "kernels/cpu_features.h"
 #include "kernels/cpu_large_gemm.h"
 #include "kernels/cpu_small_gemm.h"
 
@@ -270,12 +271,7 @@ TEST_CASE("The projections' route follows the rule and ATTENTION_CPU_PROJECTIONS
           "[cpu_blas][large_gemm]") {
   const char* forced = std::getenv("ATTENTION_CPU_PROJECTIONS");
   const std::string choice = forced != nullptr ? forced : "";
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
-#else
-  const bool avx512 = false;
-#endif
-  const bool rule = cpu::generated_beats_blas(avx512, cpu::blas_core_name());
+  const bool rule = cpu::generated_beats_blas(cpu::processor_has_avx512f(), cpu::blas_core_name());
   const bool expected =
       cpu::small_gemm_enabled() && choice != "blas" && (choice == "generated" || rule);
   INFO("BLAS core " << (cpu::blas_core_name() != nullptr ? cpu::blas_core_name() : "(unnamed)")

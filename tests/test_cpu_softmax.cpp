@@ -8,6 +8,7 @@
 // these passes where the processor has AVX-512; ctest's chunked.portable_softmax runs them on the
 // portable loops.
 
+#include "kernels/cpu_features.h"
 #include "kernels/cpu_softmax_avx512.h"
 
 #include <torch/torch.h>
@@ -214,10 +215,6 @@ TEST_CASE("cpu softmax: the route is reported and ATTENTION_CPU_VECTOR=portable 
           "[chunked]") {
   const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
   const bool portable = forced != nullptr && std::string(forced) == "portable";
-#if ATTENTION_HAS_AVX512_SOFTMAX
-  const bool has = __builtin_cpu_supports("avx512f") != 0;
-#else
-  const bool has = false;
-#endif
+  const bool has = ATTENTION_HAS_AVX512_SOFTMAX && cpu::processor_has_avx512f();
   CHECK(cpu::avx512_softmax_enabled() == (has && !portable));
 }

@@ -1,6 +1,7 @@
 #include "kernels/cpu_large_gemm.h"
 
 #include "kernels/cpu_blas.h"
+#include "kernels/cpu_features.h"
 #include "kernels/cpu_small_gemm.h"
 
 #include <ATen/Parallel.h>
@@ -32,14 +33,6 @@ bool takes(bool trans_a, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t l
          lda >= (trans_a ? m : k) && ldb >= n && ldc >= n;
 }
 
-bool processor_has_avx512() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  return __builtin_cpu_supports("avx512f") != 0;
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 bool generated_beats_blas(bool processor_has_avx512, const char* openblas_core) {
@@ -62,7 +55,7 @@ bool large_gemm_preferred() {
     const char* forced = std::getenv("ATTENTION_CPU_PROJECTIONS");
     if (forced != nullptr && std::strcmp(forced, "generated") == 0) return true;
     if (forced != nullptr && std::strcmp(forced, "blas") == 0) return false;
-    return generated_beats_blas(processor_has_avx512(), blas_core_name());
+    return generated_beats_blas(processor_has_avx512f(), blas_core_name());
   }();
   return preferred;
 }

@@ -1,5 +1,6 @@
 #include "kernels/cpu_softmax_avx512.h"
 
+#include "kernels/cpu_features.h"
 #include "kernels/cpu_tile.h"
 
 #include <algorithm>
@@ -27,7 +28,7 @@ bool avx512_softmax_enabled() {
   static const bool enabled = [] {
     const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
     if (forced != nullptr && std::strcmp(forced, "portable") == 0) return false;
-    return __builtin_cpu_supports("avx512f") != 0;
+    return processor_has_avx512f();
   }();
   return enabled;
 }
