@@ -149,8 +149,10 @@ TEST_CASE("chunked backward: bfloat16 runs the fused kernels in float and follow
   // Inputs rounded to bfloat16 and widened back are the float32 problem the kernels solve; the
   // only further error is one rounding of each result to bfloat16 (8 significant bits), so the
   // fused results stay within 2^-7 of float32 (relative to the largest value). The tiles, which
-  // other devices take, round every intermediate to bfloat16: a few times 2^-8 for outputs of
-  // order 1.
+  // other devices take, round every intermediate to bfloat16, as the whole-matrix formula does in
+  // bfloat16: they stay within the error of that formula (Math in bfloat16), which depends on how
+  // the processor's BLAS rounds bfloat16 products (0.045 for these outputs of order 1 on an AMD
+  // Zen 3); a quarter more is allowed, for processors where the formula rounds more luckily.
   torch::manual_seed(59);
   const auto low = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
   const auto wide = [](const torch::Tensor& t) { return t.to(torch::kFloat); };
@@ -182,5 +184,11 @@ TEST_CASE("chunked backward: bfloat16 runs the fused kernels in float and follow
   p.mask = p.expanded_mask();
   const auto tiles = K::tiles_forward_with_lse(p, q, k, v).first;
   REQUIRE(tiles.scalar_type() == torch::kBFloat16);
-  CHECK(test::max_abs_diff(tiles, reference_out) < 0.03);
+  const auto math_low =
+      F::scaled_dot_product_attention(q, k, v, Options(options).backend(Backend::Math)).output;
+  REQUIRE(math_low.scalar_type() == torch::kBFloat16);
+  const double formula_error = test::max_abs_diff(math_low, reference_out);
+  INFO("Math in bfloat16: " << formula_error);
+  CHECK(formula_error < 0.1);
+  CHECK(test::max_abs_diff(tiles, reference_out) <= 1.25 * formula_error);
 }

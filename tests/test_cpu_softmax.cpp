@@ -1,15 +1,16 @@
-// The fused kernels' AVX-512 passes (kernels/cpu_softmax_avx512.h) against references in double
-// written here: the backward's probabilities as a test of the exp itself (within 1.05 ulp of
-// std::exp over its whole range, exactly 1 at 0, 0 below -87 and at -inf, NaN for NaN, hidden
-// keys 0 in a row whose log-sum-exp is NaN), and the forward's online-softmax step over two tiles
-// (ragged rows, causal rows that see none, some or all of their columns, NaN and +inf scores,
-// fully masked rows with and without a NaN, the running maximum, sum and rescaled accumulator,
-// and the padding past the tile left alone). The kernels' differential tests against Math run on
-// these passes where the processor has AVX-512; ctest's chunked.portable_softmax runs them on the
+// The fused kernels' exponential passes of each instruction set this processor runs (AVX-512F,
+// AVX2 with FMA: kernels/cpu_softmax_simd.h) against references in double written here: the
+// backward's probabilities as a test of the exp itself (within 1.05 ulp of std::exp over its whole
+// range, exactly 1 at 0, 0 below -87 and at -inf, NaN for NaN, hidden keys 0 in a row whose
+// log-sum-exp is NaN), and the forward's online-softmax step over two tiles (ragged rows, causal
+// rows that see none, some or all of their columns, NaN and +inf scores, fully masked rows with and
+// without a NaN, the running maximum, sum and rescaled accumulator, and the padding past the tile
+// left alone). The kernels' differential tests against Math run on the passes softmax_passes()
+// takes; ctest's chunked.avx2_softmax runs them on AVX2's and chunked.portable_softmax on the
 // portable loops.
 
 #include "kernels/cpu_features.h"
-#include "kernels/cpu_softmax_avx512.h"
+#include "kernels/cpu_softmax_simd.h"
 
 #include <torch/torch.h>
 #include "catch_compat.h"
@@ -44,177 +45,189 @@ std::vector<float> random_scores(int64_t count, double spread, uint64_t seed) {
   return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + count);
 }
 
+// The passes of every instruction set this processor runs, whichever the kernels took.
+std::vector<const cpu::SoftmaxPasses*> runnable_passes() {
+  std::vector<const cpu::SoftmaxPasses*> sets;
+  for (const cpu::SoftmaxPasses* p : {cpu::avx512_softmax_passes(), cpu::avx2_softmax_passes()}) {
+    if (p != nullptr) sets.push_back(p);
+  }
+  if (sets.empty()) WARN("skipped: this processor has neither AVX-512F nor AVX2 with FMA");
+  return sets;
+}
+
 }  // namespace
 
-#if ATTENTION_HAS_AVX512_SOFTMAX
-
-TEST_CASE("cpu softmax: the AVX-512 exp is within 1.05 ulp of exp, with its edges", "[chunked]") {
-  if (!cpu::avx512_softmax_enabled()) {
-    WARN("skipped: this processor has no AVX-512, or ATTENTION_CPU_VECTOR=portable");
-    return;
-  }
-  // One row per range of x, 1000 columns (62 full vectors and a partial one).
-  const int64_t rows = 6, cols = 1000;
-  std::vector<float> s(rows * cols), prob(rows * cols, -1.0f), lse(rows, 0.0f);
-  for (int64_t j = 0; j < cols; ++j) {
-    const double u = static_cast<double>(j) / (cols - 1);
-    s[0 * cols + j] = static_cast<float>(-87.0 * u);                 // the whole range
-    s[1 * cols + j] = static_cast<float>(-1.0 * u);                  // near 1
-    s[2 * cols + j] = static_cast<float>(-std::pow(10.0, -12 * u));  // -1 ... -1e-12
-    s[3 * cols + j] = static_cast<float>(-86.0 - 1.0 * u);           // the low edge
-  }
-  // Row 4: the edges; row 5 sees them with a NaN log-sum-exp.
-  const std::vector<float> edges = {0.0f, -0.0f, -kInf, kNaN, -87.01f, -100.0f, -1e30f, -1e-30f};
-  for (int64_t r : {4, 5}) {
-    std::fill(s.begin() + r * cols, s.begin() + (r + 1) * cols, -0.5f);
-    std::copy(edges.begin(), edges.end(), s.begin() + r * cols);
-  }
-  lse[5] = kNaN;
-  const std::vector<float> scores = s;
-  cpu::probabilities_avx512(s.data(), prob.data(), rows, cols, false, 0, lse.data());
-
-  double worst = 0;
-  for (int64_t r = 0; r < 4; ++r) {
+TEST_CASE("cpu softmax: the passes' exp is within 1.05 ulp of exp, with its edges", "[chunked]") {
+  for (const cpu::SoftmaxPasses* passes : runnable_passes()) {
+    INFO(passes->name);
+    // One row per range of x, 1003 columns (full vectors and a partial one in 16 lanes and in 8).
+    const int64_t rows = 6, cols = 1003;
+    std::vector<float> s(rows * cols), prob(rows * cols, -1.0f), lse(rows, 0.0f);
     for (int64_t j = 0; j < cols; ++j) {
-      worst = std::max(worst, ulps_from_exp(prob[r * cols + j], scores[r * cols + j]));
+      const double u = static_cast<double>(j) / (cols - 1);
+      s[0 * cols + j] = static_cast<float>(-87.0 * u);                 // the whole range
+      s[1 * cols + j] = static_cast<float>(-1.0 * u);                  // near 1
+      s[2 * cols + j] = static_cast<float>(-std::pow(10.0, -12 * u));  // -1 ... -1e-12
+      s[3 * cols + j] = static_cast<float>(-86.0 - 1.0 * u);           // the low edge
     }
-  }
-  INFO("largest error: " << worst << " ulp");
-  CHECK(worst <= 1.05);
-  const float* e = prob.data() + 4 * cols;
-  CHECK(e[0] == 1.0f);
-  CHECK(e[1] == 1.0f);
-  CHECK(e[2] == 0.0f);
-  CHECK(std::isnan(e[3]));
-  CHECK(e[4] == 0.0f);
-  CHECK(e[5] == 0.0f);
-  CHECK(e[6] == 0.0f);
-  CHECK(e[7] == 1.0f);
-  const float* n = prob.data() + 5 * cols;
-  CHECK(n[2] == 0.0f);  // a hidden key stays 0 where the row is NaN
-  CHECK(std::isnan(n[0]));
-  CHECK(std::isnan(n[cols - 1]));
-  // A row that sees every column leaves its scores as they were (bits: NaN is among them).
-  CHECK(std::memcmp(s.data(), scores.data(), s.size() * sizeof(float)) == 0);
-}
-
-TEST_CASE("cpu softmax: the AVX-512 probabilities mark what causal rows do not see", "[chunked]") {
-  if (!cpu::avx512_softmax_enabled()) {
-    WARN("skipped: this processor has no AVX-512, or ATTENTION_CPU_VECTOR=portable");
-    return;
-  }
-  const int64_t rows = 40, cols = 83, valid = -3;  // rows 0-3 see nothing, rows 37+ see all
-  std::vector<float> s = random_scores(rows * cols, 2.0, 1), prob(rows * cols, -1.0f);
-  std::vector<float> lse = random_scores(rows, 1.0, 2);
-  for (float& x : lse) x = std::abs(x) + 3.0f;
-  const std::vector<float> scores = s;
-  cpu::probabilities_avx512(s.data(), prob.data(), rows, cols, true, valid, lse.data());
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t seen = std::clamp<int64_t>(valid + r, 0, cols);
-    for (int64_t j = 0; j < cols; ++j) {
-      const float got = prob[r * cols + j];
-      if (j < seen) {
-        const float x = scores[r * cols + j] - lse[r];
-        CHECK(ulps_from_exp(got, x) <= 1.05);
-        CHECK(s[r * cols + j] == scores[r * cols + j]);
-      } else {
-        CHECK(got == 0.0f);
-        CHECK(s[r * cols + j] == -kInf);
-      }
+    // Row 4: the edges; row 5 sees them with a NaN log-sum-exp.
+    const std::vector<float> edges = {0.0f, -0.0f, -kInf, kNaN, -87.01f, -100.0f, -1e30f, -1e-30f};
+    for (int64_t r : {4, 5}) {
+      std::fill(s.begin() + r * cols, s.begin() + (r + 1) * cols, -0.5f);
+      std::copy(edges.begin(), edges.end(), s.begin() + r * cols);
     }
-  }
-}
+    lse[5] = kNaN;
+    const std::vector<float> scores = s;
+    passes->probabilities(s.data(), prob.data(), rows, cols, false, 0, lse.data());
 
-TEST_CASE("cpu softmax: the AVX-512 online-softmax step equals the step in double", "[chunked]") {
-  if (!cpu::avx512_softmax_enabled()) {
-    WARN("skipped: this processor has no AVX-512, or ATTENTION_CPU_VECTOR=portable");
-    return;
-  }
-  const int64_t rows = 40, cols = 83, ld = 96, dv = 20, acc_ld = 24;
-  const bool causal = GENERATE(false, true);
-  const int64_t valid = causal ? -3 : 0;
-  std::vector<float> max(rows, -kInf), sum(rows, 0.0f);
-  std::vector<float> acc = random_scores(rows * acc_ld, 1.0, 3);
-  for (int tile = 0; tile < 2; ++tile) {
-    // Scores in a padded tile (the padding is NaN and must stay so); the second tile's larger
-    // spread moves most rows' maximum.
-    std::vector<float> s(rows * ld, kNaN);
-    const std::vector<float> values = random_scores(rows * cols, tile == 0 ? 2.0 : 4.0, 10 + tile);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(values.begin() + r * cols, cols, s.begin() + r * ld);
-    }
-    s[10 * ld + 7] = kNaN;                                         // row 10: NaN, sum NaN
-    s[11 * ld + 50] = kInf;                                        // row 11: +inf, sum NaN
-    std::fill_n(s.begin() + 12 * ld, cols, -kInf);                 // row 12: masked in both tiles
-    if (tile == 0) std::fill_n(s.begin() + 13 * ld, cols, -kInf);  // row 13: in the first only
-    std::fill_n(s.begin() + 14 * ld, cols, -kInf);  // row 14: masked but for a NaN, sum NaN
-    s[14 * ld] = kNaN;
-    const std::vector<float> scores = s, max_before = max, sum_before = sum, acc_before = acc;
-
-    cpu::softmax_step_avx512(s.data(), rows, cols, ld, causal, valid, max.data(), sum.data(),
-                             acc.data(), dv, acc_ld);
-
-    for (int64_t r = 0; r < rows; ++r) {
-      INFO("tile " << tile << ", row " << r << (causal ? ", causal" : ""));
-      const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
-      const float* in = scores.data() + r * ld;
-      bool nan = false;
-      float row_max = -kInf;
-      for (int64_t j = 0; j < seen; ++j) {
-        nan |= std::isnan(in[j]);
-        if (!std::isnan(in[j])) row_max = std::max(row_max, in[j]);
-      }
-      const float new_max = std::max(row_max, max_before[r]);
-      for (int64_t j = cols; j < ld; ++j) CHECK(std::isnan(s[r * ld + j]));
-      if (new_max == -kInf) {
-        for (int64_t j = 0; j < cols; ++j) CHECK(s[r * ld + j] == 0.0f);
-        CHECK(max[r] == -kInf);
-        if (nan) CHECK(std::isnan(sum[r]));
-        if (!nan) CHECK(sum[r] == sum_before[r]);
-        for (int64_t c = 0; c < dv; ++c) CHECK(acc[r * acc_ld + c] == acc_before[r * acc_ld + c]);
-        continue;
-      }
-      double added = 0;
+    double worst = 0;
+    for (int64_t r = 0; r < 4; ++r) {
       for (int64_t j = 0; j < cols; ++j) {
-        const float got = s[r * ld + j];
-        if (j >= seen) {
-          CHECK(got == 0.0f);
-        } else if (std::isnan(in[j]) || (in[j] == kInf && new_max == kInf)) {
-          CHECK(std::isnan(got));
-        } else {
-          const float x = in[j] - new_max;  // rounded to float, as the kernel does
+        worst = std::max(worst, ulps_from_exp(prob[r * cols + j], scores[r * cols + j]));
+      }
+    }
+    INFO("largest error: " << worst << " ulp");
+    CHECK(worst <= 1.05);
+    const float* e = prob.data() + 4 * cols;
+    CHECK(e[0] == 1.0f);
+    CHECK(e[1] == 1.0f);
+    CHECK(e[2] == 0.0f);
+    CHECK(std::isnan(e[3]));
+    CHECK(e[4] == 0.0f);
+    CHECK(e[5] == 0.0f);
+    CHECK(e[6] == 0.0f);
+    CHECK(e[7] == 1.0f);
+    const float* n = prob.data() + 5 * cols;
+    CHECK(n[2] == 0.0f);  // a hidden key stays 0 where the row is NaN
+    CHECK(std::isnan(n[0]));
+    CHECK(std::isnan(n[cols - 1]));
+    // A row that sees every column leaves its scores as they were (bits: NaN is among them).
+    CHECK(std::memcmp(s.data(), scores.data(), s.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("cpu softmax: the probabilities mark what causal rows do not see", "[chunked]") {
+  for (const cpu::SoftmaxPasses* passes : runnable_passes()) {
+    INFO(passes->name);
+    const int64_t rows = 40, cols = 83, valid = -3;  // rows 0-3 see nothing, rows 37+ see all
+    std::vector<float> s = random_scores(rows * cols, 2.0, 1), prob(rows * cols, -1.0f);
+    std::vector<float> lse = random_scores(rows, 1.0, 2);
+    for (float& x : lse) x = std::abs(x) + 3.0f;
+    const std::vector<float> scores = s;
+    passes->probabilities(s.data(), prob.data(), rows, cols, true, valid, lse.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t seen = std::clamp<int64_t>(valid + r, 0, cols);
+      for (int64_t j = 0; j < cols; ++j) {
+        const float got = prob[r * cols + j];
+        if (j < seen) {
+          const float x = scores[r * cols + j] - lse[r];
           CHECK(ulps_from_exp(got, x) <= 1.05);
-          added += std::exp(static_cast<double>(x));
+          CHECK(s[r * cols + j] == scores[r * cols + j]);
+        } else {
+          CHECK(got == 0.0f);
+          CHECK(s[r * cols + j] == -kInf);
         }
       }
-      CHECK(max[r] == new_max);
-      // exp(inf - inf) after a +inf score: 0 by the kernels' scalar exp (NaN gives 0), and the
-      // row's sum is NaN already.
-      const double shift = static_cast<double>(max_before[r]) - new_max;
-      const double correction = std::isnan(shift) ? 0.0 : std::exp(shift);
-      if (nan || row_max == kInf || std::isnan(sum_before[r])) {
-        CHECK(std::isnan(sum[r]));
-      } else {
-        const double expected = sum_before[r] * correction + added;
-        CHECK(std::abs(sum[r] - expected) <= 1e-6 * expected);
+    }
+  }
+}
+
+TEST_CASE("cpu softmax: the online-softmax step equals the step in double", "[chunked]") {
+  const bool causal = GENERATE(false, true);
+  for (const cpu::SoftmaxPasses* passes : runnable_passes()) {
+    INFO(passes->name);
+    const int64_t rows = 40, cols = 83, ld = 96, dv = 20, acc_ld = 24;
+    const int64_t valid = causal ? -3 : 0;
+    std::vector<float> max(rows, -kInf), sum(rows, 0.0f);
+    std::vector<float> acc = random_scores(rows * acc_ld, 1.0, 3);
+    for (int tile = 0; tile < 2; ++tile) {
+      // Scores in a padded tile (the padding is NaN and must stay so); the second tile's larger
+      // spread moves most rows' maximum.
+      std::vector<float> s(rows * ld, kNaN);
+      const std::vector<float> values =
+          random_scores(rows * cols, tile == 0 ? 2.0 : 4.0, 10 + tile);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(values.begin() + r * cols, cols, s.begin() + r * ld);
       }
-      for (int64_t c = 0; c < dv; ++c) {
-        const double expected = acc_before[r * acc_ld + c] * correction;
-        CHECK(std::abs(acc[r * acc_ld + c] - expected) <= 1e-6 * std::abs(expected) + 1e-30);
-      }
-      for (int64_t c = dv; c < acc_ld; ++c) {
-        CHECK(acc[r * acc_ld + c] == acc_before[r * acc_ld + c]);  // past the row: untouched
+      s[10 * ld + 7] = kNaN;                                         // row 10: NaN, sum NaN
+      s[11 * ld + 50] = kInf;                                        // row 11: +inf, sum NaN
+      std::fill_n(s.begin() + 12 * ld, cols, -kInf);                 // row 12: masked in both tiles
+      if (tile == 0) std::fill_n(s.begin() + 13 * ld, cols, -kInf);  // row 13: in the first only
+      std::fill_n(s.begin() + 14 * ld, cols, -kInf);  // row 14: masked but for a NaN, sum NaN
+      s[14 * ld] = kNaN;
+      const std::vector<float> scores = s, max_before = max, sum_before = sum, acc_before = acc;
+
+      passes->softmax_step(s.data(), rows, cols, ld, causal, valid, max.data(), sum.data(),
+                           acc.data(), dv, acc_ld);
+
+      for (int64_t r = 0; r < rows; ++r) {
+        INFO("tile " << tile << ", row " << r << (causal ? ", causal" : ""));
+        const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
+        const float* in = scores.data() + r * ld;
+        bool nan = false;
+        float row_max = -kInf;
+        for (int64_t j = 0; j < seen; ++j) {
+          nan |= std::isnan(in[j]);
+          if (!std::isnan(in[j])) row_max = std::max(row_max, in[j]);
+        }
+        const float new_max = std::max(row_max, max_before[r]);
+        for (int64_t j = cols; j < ld; ++j) CHECK(std::isnan(s[r * ld + j]));
+        if (new_max == -kInf) {
+          for (int64_t j = 0; j < cols; ++j) CHECK(s[r * ld + j] == 0.0f);
+          CHECK(max[r] == -kInf);
+          if (nan) CHECK(std::isnan(sum[r]));
+          if (!nan) CHECK(sum[r] == sum_before[r]);
+          for (int64_t c = 0; c < dv; ++c) CHECK(acc[r * acc_ld + c] == acc_before[r * acc_ld + c]);
+          continue;
+        }
+        double added = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          const float got = s[r * ld + j];
+          if (j >= seen) {
+            CHECK(got == 0.0f);
+          } else if (std::isnan(in[j]) || (in[j] == kInf && new_max == kInf)) {
+            CHECK(std::isnan(got));
+          } else {
+            const float x = in[j] - new_max;  // rounded to float, as the kernel does
+            CHECK(ulps_from_exp(got, x) <= 1.05);
+            added += std::exp(static_cast<double>(x));
+          }
+        }
+        CHECK(max[r] == new_max);
+        // exp(inf - inf) after a +inf score: 0 by the kernels' scalar exp (NaN gives 0), and the
+        // row's sum is NaN already.
+        const double shift = static_cast<double>(max_before[r]) - new_max;
+        const double correction = std::isnan(shift) ? 0.0 : std::exp(shift);
+        if (nan || row_max == kInf || std::isnan(sum_before[r])) {
+          CHECK(std::isnan(sum[r]));
+        } else {
+          const double expected = sum_before[r] * correction + added;
+          CHECK(std::abs(sum[r] - expected) <= 1e-6 * expected);
+        }
+        for (int64_t c = 0; c < dv; ++c) {
+          const double expected = acc_before[r * acc_ld + c] * correction;
+          CHECK(std::abs(acc[r * acc_ld + c] - expected) <= 1e-6 * std::abs(expected) + 1e-30);
+        }
+        for (int64_t c = dv; c < acc_ld; ++c) {
+          CHECK(acc[r * acc_ld + c] == acc_before[r * acc_ld + c]);  // past the row: untouched
+        }
       }
     }
   }
 }
 
-#endif
-
-TEST_CASE("cpu softmax: the route is reported and ATTENTION_CPU_VECTOR=portable is honoured",
-          "[chunked]") {
+TEST_CASE("cpu softmax: the route follows the processor and ATTENTION_CPU_VECTOR", "[chunked]") {
   const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
-  const bool portable = forced != nullptr && std::string(forced) == "portable";
-  const bool has = ATTENTION_HAS_AVX512_SOFTMAX && cpu::processor_has_avx512f();
-  CHECK(cpu::avx512_softmax_enabled() == (has && !portable));
+  const std::string asked = forced != nullptr ? forced : "";
+  CHECK((cpu::avx512_softmax_passes() != nullptr) ==
+        (ATTENTION_HAS_SIMD_SOFTMAX && cpu::processor_has_avx512f()));
+  CHECK((cpu::avx2_softmax_passes() != nullptr) ==
+        (ATTENTION_HAS_SIMD_SOFTMAX && cpu::processor_has_avx2_fma()));
+  const cpu::SoftmaxPasses* expected = cpu::avx512_softmax_passes();
+  if (expected == nullptr || asked == "avx2") expected = cpu::avx2_softmax_passes();
+  if (asked == "portable") expected = nullptr;
+  CHECK(cpu::softmax_passes() == expected);
+  if (const cpu::SoftmaxPasses* taken = cpu::softmax_passes()) {
+    CHECK(std::string(taken->name) == (taken == cpu::avx512_softmax_passes() ? "avx512" : "avx2"));
+  }
 }

@@ -6,13 +6,13 @@
 // both products read their operands along rows, as the generated small-product kernels want
 // (cpu_blas.h, cpu_small_gemm.h). The softmax step is a loop the compiler vectorizes, with a
 // polynomial exp, built for several instruction sets and picked at run time on x86-64 (written
-// with AVX-512's intrinsics where the processor has it: cpu_softmax_avx512.h). Queries,
+// with AVX-512's or AVX2's intrinsics where the processor has them: cpu_softmax_simd.h). Queries,
 // keys and values are read in place through their strides, so heads split by a view/transpose
 // are not copied, and the output is written in the queries' memory layout.
 
 #include "kernels/chunked.h"
 #include "kernels/cpu_small_gemm.h"
-#include "kernels/cpu_softmax_avx512.h"
+#include "kernels/cpu_softmax_simd.h"
 #include "kernels/cpu_tile.h"
 #include "kernels/tile_pool.h"
 
@@ -88,12 +88,10 @@ ATTENTION_MULTIVERSION void softmax_step_f32(float* s, int64_t rows, int64_t col
 void dispatch_softmax_step(float* s, int64_t rows, int64_t cols, int64_t ld, bool causal,
                            int64_t valid, float* max, float* sum, float* acc, int64_t dv,
                            int64_t acc_ld) {
-#if ATTENTION_HAS_AVX512_SOFTMAX
-  if (cpu::avx512_softmax_enabled()) {
-    cpu::softmax_step_avx512(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
+  if (const cpu::SoftmaxPasses* passes = cpu::softmax_passes()) {
+    passes->softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
     return;
   }
-#endif
   softmax_step_f32(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
 }
 

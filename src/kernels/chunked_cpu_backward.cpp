@@ -11,7 +11,7 @@
 // passes over a block of scores that stays in the cache.
 
 #include "kernels/chunked.h"
-#include "kernels/cpu_softmax_avx512.h"
+#include "kernels/cpu_softmax_simd.h"
 #include "kernels/cpu_tile.h"
 #include "kernels/tile_pool.h"
 
@@ -86,12 +86,10 @@ ATTENTION_MULTIVERSION void score_gradients_f32(const float* s, const float* pro
 
 void dispatch_probabilities(float* s, float* prob, int64_t rows, int64_t cols, bool causal,
                             int64_t valid, const float* lse) {
-#if ATTENTION_HAS_AVX512_SOFTMAX
-  if (cpu::avx512_softmax_enabled()) {
-    cpu::probabilities_avx512(s, prob, rows, cols, causal, valid, lse);
+  if (const cpu::SoftmaxPasses* passes = cpu::softmax_passes()) {
+    passes->probabilities(s, prob, rows, cols, causal, valid, lse);
     return;
   }
-#endif
   probabilities_f32(s, prob, rows, cols, causal, valid, lse);
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 
 // What the processor running this process offers, asked once where a kernel picks its route at
-// run time (the AVX-512 exponential passes, the projections' generated kernels).
+// run time (the exponential passes, the projections' generated kernels).
 
 namespace attention {
 namespace kernels {
@@ -12,6 +12,16 @@ namespace cpu {
 inline bool processor_has_avx512f() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   return __builtin_cpu_supports("avx512f") != 0;
+#else
+  return false;
+#endif
+}
+
+/// Whether the processor has AVX2 and FMA (x86-64-v3's vector arithmetic); false where the
+/// compiler cannot ask.
+inline bool processor_has_avx2_fma() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
 #else
   return false;
 #endif

@@ -1,14 +1,13 @@
-#include "kernels/cpu_softmax_avx512.h"
+// The exponential passes on AVX-512F (cpu_softmax_simd.h): 16 lanes, masked loads and stores for
+// a row's last, partial vector, and 2^n applied by vscalefps.
 
 #include "kernels/cpu_features.h"
-#include "kernels/cpu_tile.h"
+#include "kernels/cpu_softmax_rows.h"
+#include "kernels/cpu_softmax_simd.h"
 
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
-#if ATTENTION_HAS_AVX512_SOFTMAX
+#if ATTENTION_HAS_SIMD_SOFTMAX
 #include <immintrin.h>
 #endif
 
@@ -22,16 +21,7 @@ namespace attention {
 namespace kernels {
 namespace cpu {
 
-#if ATTENTION_HAS_AVX512_SOFTMAX
-
-bool avx512_softmax_enabled() {
-  static const bool enabled = [] {
-    const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
-    if (forced != nullptr && std::strcmp(forced, "portable") == 0) return false;
-    return processor_has_avx512f();
-  }();
-  return enabled;
-}
+#if ATTENTION_HAS_SIMD_SOFTMAX
 
 namespace {
 
@@ -67,119 +57,104 @@ inline __mmask16 first_lanes(int64_t count) {
   return static_cast<__mmask16>((1u << count) - 1u);
 }
 
-// The largest of row[0, seen), NaN scores left out (vmaxps gives its second operand when either
-// is NaN, and the accumulators are never NaN); -inf when there is none. Four accumulators, so that
-// the pass is not one chain of maxima.
-ATTENTION_AVX512 inline float row_maximum(const float* row, int64_t seen) {
-  const __m512 none = _mm512_set1_ps(-kInf);
-  __m512 m0 = none, m1 = none, m2 = none, m3 = none;
-  int64_t j = 0;
-  for (; j + 64 <= seen; j += 64) {
-    m0 = _mm512_max_ps(_mm512_loadu_ps(row + j), m0);
-    m1 = _mm512_max_ps(_mm512_loadu_ps(row + j + 16), m1);
-    m2 = _mm512_max_ps(_mm512_loadu_ps(row + j + 32), m2);
-    m3 = _mm512_max_ps(_mm512_loadu_ps(row + j + 48), m3);
-  }
-  for (; j + 16 <= seen; j += 16) m0 = _mm512_max_ps(_mm512_loadu_ps(row + j), m0);
-  if (j < seen) m1 = _mm512_max_ps(_mm512_mask_loadu_ps(none, first_lanes(seen - j), row + j), m1);
-  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
-}
-
-// row[0, seen) = exp(row - shift), returning their sum (NaN if one is NaN).
-ATTENTION_AVX512 inline float exponentials(float* row, int64_t seen, float shift) {
-  const __m512 by = _mm512_set1_ps(shift);
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 32 <= seen; j += 32) {
-    const __m512 e0 = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j), by));
-    const __m512 e1 = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), by));
-    _mm512_storeu_ps(row + j, e0);
-    _mm512_storeu_ps(row + j + 16, e1);
-    a0 = _mm512_add_ps(a0, e0);
-    a1 = _mm512_add_ps(a1, e1);
-  }
-  for (; j + 16 <= seen; j += 16) {
-    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j), by));
-    _mm512_storeu_ps(row + j, e);
-    a0 = _mm512_add_ps(a0, e);
-  }
-  if (j < seen) {
-    const __mmask16 lanes = first_lanes(seen - j);
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), by);
-    const __m512 e = exp_nonpositive16(x, lanes);  // lanes past the row give 0
-    _mm512_mask_storeu_ps(row + j, lanes, e);
-    a1 = _mm512_add_ps(a1, e);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-}
-
-// a[0, count) *= by.
-ATTENTION_AVX512 inline void scale_row(float* a, int64_t count, float by) {
-  const __m512 b = _mm512_set1_ps(by);
-  int64_t c = 0;
-  for (; c + 16 <= count; c += 16)
-    _mm512_storeu_ps(a + c, _mm512_mul_ps(_mm512_loadu_ps(a + c), b));
-  if (c < count) {
-    const __mmask16 lanes = first_lanes(count - c);
-    _mm512_mask_storeu_ps(a + c, lanes, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, a + c), b));
-  }
-}
-
-}  // namespace
-
-ATTENTION_AVX512 void softmax_step_avx512(float* s, int64_t rows, int64_t cols, int64_t ld,
-                                          bool causal, int64_t valid, float* max, float* sum,
-                                          float* acc, int64_t dv, int64_t acc_ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * ld;
-    const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
-    const float row_max = row_maximum(row, seen);
-    const float new_max = row_max > max[r] ? row_max : max[r];
-    // A +inf score (whose exp relative to itself is inf/inf) leaves the row's softmax undefined:
-    // NaN, as the whole-matrix softmax gives. NaN scores make the sum NaN through their exp.
-    if (row_max == kInf) sum[r] = std::numeric_limits<float>::quiet_NaN();
-    if (new_max == -kInf) {  // every key masked so far: nothing to add, but NaN stays NaN
-      if (std::any_of(row, row + seen, [](float x) { return x != x; })) {
-        sum[r] = std::numeric_limits<float>::quiet_NaN();
-      }
-      std::fill(row, row + cols, 0.0f);
-      continue;
+struct Avx512Lanes {
+  // vmaxps gives its second operand when either is NaN, and the accumulators are never NaN, so
+  // NaN scores are left out. Four accumulators, so that the pass is not one chain of maxima.
+  ATTENTION_AVX512 static float row_maximum(const float* row, int64_t seen) {
+    const __m512 none = _mm512_set1_ps(-kInf);
+    __m512 m0 = none, m1 = none, m2 = none, m3 = none;
+    int64_t j = 0;
+    for (; j + 64 <= seen; j += 64) {
+      m0 = _mm512_max_ps(_mm512_loadu_ps(row + j), m0);
+      m1 = _mm512_max_ps(_mm512_loadu_ps(row + j + 16), m1);
+      m2 = _mm512_max_ps(_mm512_loadu_ps(row + j + 32), m2);
+      m3 = _mm512_max_ps(_mm512_loadu_ps(row + j + 48), m3);
     }
-    const float added = exponentials(row, seen, new_max);
-    std::fill(row + seen, row + cols, 0.0f);
-    const float correction = exp_nonpositive(max[r] - new_max);
-    sum[r] = sum[r] * correction + added;
-    max[r] = new_max;
-    if (correction != 1.0f) scale_row(acc + r * acc_ld, dv, correction);
+    for (; j + 16 <= seen; j += 16) m0 = _mm512_max_ps(_mm512_loadu_ps(row + j), m0);
+    if (j < seen) {
+      m1 = _mm512_max_ps(_mm512_mask_loadu_ps(none, first_lanes(seen - j), row + j), m1);
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
   }
-}
 
-ATTENTION_AVX512 void probabilities_avx512(float* s, float* prob, int64_t rows, int64_t cols,
-                                           bool causal, int64_t valid, const float* lse) {
-  const __m512 hidden = _mm512_set1_ps(-kInf);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* score = s + r * cols;
-    float* pr = prob + r * cols;
-    const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
-    const __m512 row_lse = _mm512_set1_ps(lse[r]);
+  ATTENTION_AVX512 static float exponentials(float* row, int64_t seen, float shift) {
+    const __m512 by = _mm512_set1_ps(shift);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= seen; j += 32) {
+      const __m512 e0 = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j), by));
+      const __m512 e1 = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), by));
+      _mm512_storeu_ps(row + j, e0);
+      _mm512_storeu_ps(row + j + 16, e1);
+      a0 = _mm512_add_ps(a0, e0);
+      a1 = _mm512_add_ps(a1, e1);
+    }
+    for (; j + 16 <= seen; j += 16) {
+      const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + j), by));
+      _mm512_storeu_ps(row + j, e);
+      a0 = _mm512_add_ps(a0, e);
+    }
+    if (j < seen) {
+      const __mmask16 lanes = first_lanes(seen - j);
+      const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), by);
+      const __m512 e = exp_nonpositive16(x, lanes);  // lanes past the row give 0
+      _mm512_mask_storeu_ps(row + j, lanes, e);
+      a1 = _mm512_add_ps(a1, e);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+
+  ATTENTION_AVX512 static void scale_row(float* a, int64_t count, float by) {
+    const __m512 b = _mm512_set1_ps(by);
+    int64_t c = 0;
+    for (; c + 16 <= count; c += 16) {
+      _mm512_storeu_ps(a + c, _mm512_mul_ps(_mm512_loadu_ps(a + c), b));
+    }
+    if (c < count) {
+      const __mmask16 lanes = first_lanes(count - c);
+      _mm512_mask_storeu_ps(a + c, lanes, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, a + c), b));
+    }
+  }
+
+  ATTENTION_AVX512 static void probabilities_row(const float* score, float* prob, int64_t seen,
+                                                 float lse) {
+    const __m512 hidden = _mm512_set1_ps(-kInf);
+    const __m512 row_lse = _mm512_set1_ps(lse);
     for (int64_t j = 0; j < seen; j += 16) {
       const __mmask16 lanes = seen - j >= 16 ? __mmask16(0xFFFF) : first_lanes(seen - j);
       const __m512 x = _mm512_maskz_loadu_ps(lanes, score + j);
       // A hidden key gets 0 even where the row's log-sum-exp is NaN.
       const __mmask16 visible = _mm512_mask_cmp_ps_mask(lanes, x, hidden, _CMP_NEQ_UQ);
-      _mm512_mask_storeu_ps(pr + j, lanes, exp_nonpositive16(_mm512_sub_ps(x, row_lse), visible));
+      _mm512_mask_storeu_ps(prob + j, lanes, exp_nonpositive16(_mm512_sub_ps(x, row_lse), visible));
     }
-    std::fill(score + seen, score + cols, -kInf);
-    std::fill(pr + seen, pr + cols, 0.0f);
   }
+};
+
+ATTENTION_AVX512 void softmax_step_avx512(float* s, int64_t rows, int64_t cols, int64_t ld,
+                                          bool causal, int64_t valid, float* max, float* sum,
+                                          float* acc, int64_t dv, int64_t acc_ld) {
+  softmax_step_rows<Avx512Lanes>(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
+}
+
+ATTENTION_AVX512 void probabilities_avx512(float* s, float* prob, int64_t rows, int64_t cols,
+                                           bool causal, int64_t valid, const float* lse) {
+  probabilities_rows<Avx512Lanes>(s, prob, rows, cols, causal, valid, lse);
 }
 
 #undef ATTENTION_AVX512
 
+constexpr SoftmaxPasses kAvx512Passes{"avx512", softmax_step_avx512, probabilities_avx512};
+
+}  // namespace
+
+const SoftmaxPasses* avx512_softmax_passes() {
+  return processor_has_avx512f() ? &kAvx512Passes : nullptr;
+}
+
 #else
 
-bool avx512_softmax_enabled() {
-  return false;
+const SoftmaxPasses* avx512_softmax_passes() {
+  return nullptr;
 }
 
 #endif
