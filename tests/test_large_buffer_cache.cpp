@@ -136,6 +136,11 @@ TEST_CASE("A training step from kept memory equals one from fresh memory",
                                       mha->out_proj->weight.grad().clone()};
   };
   attention::set_large_buffer_cache_limit(0);
+  // The process's first step is left out of the comparison: on two threads of an AMD Zen 3 it
+  // differs from every later step in the last bits (2e-7 of 1.3 in the output), whatever memory
+  // it runs in, and with one thread it does not; kept memory is compared with a fresh step that
+  // is not the first.
+  step();
   const auto fresh_step = step();
   CHECK(attention::large_buffer_cache_bytes() == 0);
   attention::set_large_buffer_cache_limit(attention::kDefaultLargeBufferCacheLimit);
