@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (AddressSanitizer and UndefinedBehaviorSanitizer on)
-# and runs each for SECONDS (default 60) from the seed corpus in tests/fuzz/corpus/. A crash
-# stops the script with libFuzzer's report and leaves the input in build-sanitize/.
+# and runs each for SECONDS (default 60) from the seed corpus in tests/fuzz/corpus/, as many at a
+# time as there are cores. A crash fails the script with libFuzzer's report and leaves the input
+# in build-sanitize/.
 #
 #   scripts/fuzz.sh [SECONDS]
 set -euo pipefail
@@ -19,20 +20,38 @@ cmake --build "$fuzz_dir" -j "$JOBS" --target fuzz-safetensors fuzz-load_weights
 # LibTorch is not instrumented: leaks it keeps until exit and container annotations it lacks
 # are not findings about this code.
 export ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0:abort_on_error=1
-for target in safetensors load_weights unpickler attention; do
+
+# Runs fuzz-TARGET for the whole time from a copy of its seed corpus; its log and, on a
+# failure, its exit status go to build-sanitize/fuzz-TARGET.{log,status}.
+fuzz_one() {
+  local target=$1 corpus status=0
   corpus=$(mktemp -d)
   cp "$ROOT/tests/fuzz/corpus/$target"/* "$corpus/"
-  echo "fuzz.sh: fuzz-$target for $seconds s"
-  log=$fuzz_dir/fuzz-$target.log
-  status=0
   (cd "$fuzz_dir" && "./fuzz-$target" -max_total_time="$seconds" -rss_limit_mb=4096 \
-    -print_final_stats=1 "$corpus") >"$log" 2>&1 || status=$?
-  grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$log" || true
+    -print_final_stats=1 "$corpus") >"$fuzz_dir/fuzz-$target.log" 2>&1 || status=$?
   rm -rf "$corpus"
-  if ((status != 0)); then
+  echo "$status" >"$fuzz_dir/fuzz-$target.status"
+}
+
+# Each target is one process on one core: JOBS of them at a time, each for the whole time.
+targets=(safetensors load_weights unpickler attention)
+for ((first = 0; first < ${#targets[@]}; first += JOBS)); do
+  for target in "${targets[@]:first:JOBS}"; do
+    echo "fuzz.sh: fuzz-$target for $seconds s"
+    fuzz_one "$target" &
+  done
+  wait
+done
+failed=0
+for target in "${targets[@]}"; do
+  log=$fuzz_dir/fuzz-$target.log
+  echo "fuzz.sh: fuzz-$target"
+  grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$log" || true
+  if [[ $(cat "$fuzz_dir/fuzz-$target.status") != 0 ]]; then
     tail -n 60 "$log"
     echo "fuzz.sh: fuzz-$target found a failure (log: $log)" >&2
-    exit 1
+    failed=1
   fi
 done
+((failed == 0)) || exit 1
 echo "fuzz.sh: no crash in ${seconds} s per target"
