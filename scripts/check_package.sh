@@ -28,20 +28,34 @@ check_shared_exports() {
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-build_example "$work" load_python_weights
+# The examples are one or two files each: they build at the same time, one compiler per core.
+cmake --install "$BUILD_DIR" --prefix "$work/prefix" >/dev/null
+has_distributed=false
+[[ -f $work/prefix/include/attention/distributed.h ]] && has_distributed=true
+builds=()
+build_example "$work" load_python_weights &
+builds+=($!)
+build_example "$work" gpt &
+builds+=($!)
+# The parity kit as a downstream CI uses it: Python records at build time.
+build_example "$work" ci_regression -DPARITY_PYTHON="$PYTHON" &
+builds+=($!)
+# attention::distributed is optional: present when the library was built with it.
+if $has_distributed; then
+  build_example "$work" ring_attention &
+  builds+=($!)
+fi
+for build in "${builds[@]}"; do wait "$build"; done
+
 "$PYTHON" "$ROOT/examples/load_python_weights/save_weights.py" "$work"
 for file in mha.pt mha_state_dict.pt; do
   "$work/load_python_weights/load-python-weights" "$work/$file"
 done
-build_example "$work" gpt
 check_shared_exports "$work/prefix"
-# The parity kit as a downstream CI uses it: Python records, CTest checks one test per case.
-build_example "$work" ci_regression -DPARITY_PYTHON="$PYTHON"
+# CTest checks one test per case that Python recorded.
 (cd "$work/ci_regression" && ctest --output-on-failure)
 "$work/gpt/gpt" "$ROOT/models/gpt"
-# attention::distributed is optional: present when the library was built with it.
-if [[ -f $work/prefix/include/attention/distributed.h ]]; then
-  build_example "$work" ring_attention
+if $has_distributed; then
   torchrun --standalone --nproc_per_node=2 --redirects 1 --tee 1 --no_python \
     "$work/ring_attention/ring-attention" | grep "matches one process"
 fi
