@@ -28,8 +28,9 @@ check_shared_exports() {
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The examples are one or two files each: they build at the same time, one compiler per core.
-cmake --install "$BUILD_DIR" --prefix "$work/prefix" >/dev/null
+# The examples are one or two files each: they build at the same time, one compiler per core,
+# from one installation made first.
+install_package "$work"
 has_distributed=false
 [[ -f $work/prefix/include/attention/distributed.h ]] && has_distributed=true
 builds=()

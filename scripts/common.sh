@@ -22,13 +22,19 @@ configure_sanitized() {
     -DATTENTION_DISTRIBUTED=ON >/dev/null
 }
 
+# Installs BUILD_DIR into WORK/prefix, once.
+install_package() {
+  local work=$1
+  if [[ ! -d $work/prefix ]]; then
+    cmake --install "$BUILD_DIR" --prefix "$work/prefix" >/dev/null
+  fi
+}
+
 # Installs BUILD_DIR into WORK/prefix (once) and builds examples/NAME against the installed
 # package into WORK/NAME, as a downstream project would; further arguments go to its configure.
 build_example() {
   local work=$1 name=$2
-  if [[ ! -d $work/prefix ]]; then
-    cmake --install "$BUILD_DIR" --prefix "$work/prefix" >/dev/null
-  fi
+  install_package "$work"
   cmake -S "$ROOT/examples/$name" -B "$work/$name" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$work/prefix" "${@:3}" >/dev/null
   cmake --build "$work/$name" -j "$JOBS" >/dev/null

@@ -21,8 +21,8 @@ cmake --build "$fuzz_dir" -j "$JOBS" --target fuzz-safetensors fuzz-load_weights
 # are not findings about this code.
 export ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0:abort_on_error=1
 
-# Runs fuzz-TARGET for the whole time from a copy of its seed corpus; its log and, on a
-# failure, its exit status go to build-sanitize/fuzz-TARGET.{log,status}.
+# Runs fuzz-TARGET for the whole time from a copy of its seed corpus; its log and exit status
+# go to build-sanitize/fuzz-TARGET.{log,status}.
 fuzz_one() {
   local target=$1 corpus status=0
   corpus=$(mktemp -d)
