@@ -276,7 +276,7 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
                                      cpu::widened(key), cpu::widened(value), cpu::widened(out),
                                      cpu::widened(lse), cpu::widened(grad_out));
     const auto dtype = query.scalar_type();
-    return {dq.to(dtype), dk.to(dtype), dv.to(dtype)};
+    return {cpu::converted(dq, dtype), cpu::converted(dk, dtype), cpu::converted(dv, dtype)};
   }
   const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
                v = cpu::rows_contiguous(value);

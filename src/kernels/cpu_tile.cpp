@@ -15,6 +15,11 @@ Problem with_float_mask(const Problem& p) {
 }
 
 torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef sizes) {
+  return empty_in_layout_of(like, sizes, like.scalar_type());
+}
+
+torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef sizes,
+                                 at::ScalarType dtype) {
   std::vector<int64_t> order(like.dim());
   for (int64_t i = 0; i < like.dim(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end() - 1,
@@ -24,7 +29,12 @@ torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef siz
     permuted[i] = sizes[order[i]];
     inverse[order[i]] = i;
   }
-  return detail::empty_large(permuted, like.options()).permute(inverse);
+  return detail::empty_large(permuted, like.options().dtype(dtype)).permute(inverse);
+}
+
+torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype) {
+  if (t.scalar_type() == dtype) return t;
+  return empty_in_layout_of(t, t.sizes(), dtype).copy_(t);
 }
 
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t) {

@@ -73,9 +73,14 @@ inline bool widened_to_float(const torch::Tensor& t) {
 /// `p` with an additive mask widened to float, for widened inputs.
 Problem with_float_mask(const Problem& p);
 
+/// `t` in `dtype`: `t` itself when it has it, else a copy in `t`'s memory layout whose memory,
+/// when large, comes from the large-buffer cache (empty_in_layout_of): a fresh copy of each
+/// input and result on every call would cost its page faults every time.
+torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype);
+
 /// The float copy of an input that widened_to_float().
 inline torch::Tensor widened(const torch::Tensor& t) {
-  return t.to(at::kFloat);
+  return converted(t, at::kFloat);
 }
 
 /// `t` when each of its rows is contiguous, else a contiguous copy: BLAS reads rows through
@@ -87,6 +92,10 @@ inline torch::Tensor rows_contiguous(const torch::Tensor& t) {
 /// An uninitialized tensor of `sizes` whose dims lie in memory in the order of `like`'s strides
 /// (its last dim last), large ones on huge pages: outputs written in their input's layout.
 torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef sizes);
+
+/// The same in `dtype` instead of `like`'s.
+torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef sizes,
+                                 at::ScalarType dtype);
 
 /// The element offset of every matrix (the last two dims) of `t`, in flattened leading order.
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t);

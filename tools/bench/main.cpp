@@ -3,6 +3,7 @@
 //
 //   attention-bench [--threads N] [--repeats N] [--quick] GROUP...
 //   groups: matmul article raschka raschka-train core-train decode
+//           dtypes             (the attention core on Chunked in float32 and bfloat16)
 //           long:IMPL:T        (IMPL chunked|math, one long-context measurement with its peak
 //                               memory; run it in a process of its own: the peak is the process's)
 //           long-train:IMPL:T  (the same for the forward and backward)
@@ -230,6 +231,41 @@ void bench_core_train() {
   }
 }
 
+// The attention core on Chunked (B=8, H=12, T=1024, head size 64, causal) in float32 and in
+// bfloat16, side by side: forward, and forward and backward. bfloat16 runs the fused kernels on
+// inputs widened to float (their accumulation type), so its time is float32's plus the widening
+// and the rounding of the results.
+void bench_dtypes() {
+  Raschka c;
+  if (settings.quick) c = {2, 128, 64, 4};
+  const double forward_gflop = 2.0 * c.b * c.h * c.t * c.t * (c.d / c.h) / 1e9;
+  const double train_gflop = 3.5 * forward_gflop;  // backward 5 products to the forward's 2
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::string impl =
+        std::string("cpp.core.chunked.") + (dtype == torch::kFloat ? "float32" : "bfloat16");
+    torch::manual_seed(0);
+    const auto make = [&] {
+      return torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype).requires_grad_();
+    };
+    auto q = make(), k = make(), v = make();
+    const auto upstream = torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype);
+    progress("dtypes " + impl);
+    const auto options =
+        F::ScaledDotProductAttentionOptions().is_causal(true).backend(Backend::Chunked);
+    const double forward_ms = median_ms(
+        [&] {
+          torch::NoGradGuard no_grad;
+          F::scaled_dot_product_attention(q, k, v, options);
+        },
+        settings.repeats);
+    record("dtypes", impl, "forward", c.t, forward_ms, forward_gflop);
+    const double train_ms =
+        median_ms([&] { causal_train_step(q, k, v, upstream, Backend::Chunked); },
+                  std::max(1, settings.repeats / 2));
+    record("dtypes", impl, "forward+backward", c.t, train_ms, train_gflop);
+  }
+}
+
 // Training at long context (B=1, H=8, head size 64, causal): forward and backward of the core,
 // with the peak memory above the inputs. Run it in a process of its own.
 void bench_long_train(const std::string& impl, int64_t t) {
@@ -361,7 +397,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--help" || arg == "-h") {
       fmt::print(
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
-          "groups: matmul article raschka raschka-train core-train decode\n"
+          "groups: matmul article raschka raschka-train core-train decode dtypes\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n");
       return 0;
     } else {
@@ -382,6 +418,8 @@ int main(int argc, char** argv) {
       bench_raschka(true);
     } else if (g == "core-train") {
       bench_core_train();
+    } else if (g == "dtypes") {
+      bench_dtypes();
     } else if (g.rfind("long-train:", 0) == 0) {
       const auto colon = g.find(':', 11);
       bench_long_train(g.substr(11, colon - 11), std::stoll(g.substr(colon + 1)));
