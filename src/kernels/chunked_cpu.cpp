@@ -257,8 +257,8 @@ std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, con
   if (cpu::widened_to_float(query)) {
     auto [out, lse] = cpu_forward(cpu::with_float_mask(p), cpu::widened(query), cpu::widened(key),
                                   cpu::widened(value), with_lse);
-    return {cpu::converted(out, query.scalar_type()),
-            lse};  // the log-sum-exp stays float for the backward
+    // The log-sum-exp stays float for the backward.
+    return {cpu::converted(out, query.scalar_type()), lse};
   }
   const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
                v = cpu::rows_contiguous(value);
