@@ -12,6 +12,14 @@ configure_and_build() {
   cmake --build "$BUILD_DIR" -j "$JOBS"
 }
 
+# The one configuration of BUILD_DIR that scripts/demo.sh and scripts/test.sh share, so that
+# running both compiles the library once: shared, with the tests, the tools and
+# attention::distributed.
+configure_suite() {
+  cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON -DATTENTION_DISTRIBUTED=ON
+}
+
 # The one build with AddressSanitizer and UndefinedBehaviorSanitizer: clang, with libFuzzer's
 # instrumentation, so that `test.sh --sanitize` (the whole suite) and fuzz.sh (the fuzz targets)
 # share its objects instead of compiling the library twice.

@@ -33,8 +33,8 @@ fi
 
 "$ROOT/scripts/lint.sh"
 start=$SECONDS
-configure_and_build -DBUILD_SHARED_LIBS=ON -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON \
-  -DATTENTION_DISTRIBUTED=ON
+configure_suite
+cmake --build "$BUILD_DIR" -j "$JOBS"
 echo "test.sh: build took $((SECONDS - start)) s"
 cmake --build "$BUILD_DIR" --target docs
 echo "test.sh: API docs built without warnings"
