@@ -14,18 +14,18 @@ using Options = F::ScaledDotProductAttentionOptions;
 
 namespace {
 
-struct Inputs {
+struct ChunkedInputs {
   torch::Tensor q, k, v, mask;
 };
 
 // A random problem: leading dims, heads (grouped or not), lengths, and maybe a mask.
-Inputs random_problem(std::mt19937& rng, torch::Dtype dtype) {
+ChunkedInputs random_problem(std::mt19937& rng, torch::Dtype dtype) {
   auto pick = [&](std::vector<int64_t> values) { return values[rng() % values.size()]; };
   const int64_t b = pick({1, 2, 3}), kv_heads = pick({1, 2, 3}), group = pick({1, 2, 4});
   const int64_t t_q = pick({1, 5, 17, 33, 64}), t_k = pick({1, 7, 17, 40, 64});
   const int64_t d = pick({3, 8, 16}), dv = pick({2, 8, 5});
   auto opts = torch::TensorOptions().dtype(dtype);
-  Inputs in;
+  ChunkedInputs in;
   in.q = torch::randn({b, kv_heads * group, t_q, d}, opts) * 2;
   in.k = torch::randn({b, kv_heads, t_k, d}, opts) * 2;
   in.v = torch::randn({b, kv_heads, t_k, dv}, opts);

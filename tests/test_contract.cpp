@@ -20,7 +20,7 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-struct Inputs {
+struct ContractInputs {
   torch::Tensor q, k, v;
   Options options;
   bool mask_grad = false;  // the float mask takes part in autograd
@@ -31,7 +31,7 @@ struct Inputs {
 // its dtype's range (overflow), where Math in the class's dtype is.
 struct Class {
   const char* name;
-  std::function<Inputs()> make;
+  std::function<ContractInputs()> make;
   std::function<std::optional<std::string>(Backend, bool grad)> refuses = nullptr;
   bool reference_in_dtype = false;
 };
@@ -40,14 +40,14 @@ torch::Tensor randn(std::vector<int64_t> shape, torch::Dtype dtype = torch::kFlo
   return torch::randn(shape, torch::TensorOptions().dtype(dtype));
 }
 
-Inputs qkv(std::vector<int64_t> q, std::vector<int64_t> k, int64_t dv,
-           torch::Dtype dtype = torch::kFloat) {
+ContractInputs qkv(std::vector<int64_t> q, std::vector<int64_t> k, int64_t dv,
+                   torch::Dtype dtype = torch::kFloat) {
   auto v = k;
   v.back() = dv;
   return {randn(q, dtype), randn(k, dtype), randn(v, dtype), Options()};
 }
 
-Inputs with(Inputs in, const std::function<void(Inputs&)>& change) {
+ContractInputs with(ContractInputs in, const std::function<void(ContractInputs&)>& change) {
   change(in);
   return in;
 }
@@ -67,8 +67,8 @@ std::optional<std::string> mask_gradient_not_on_chunked(Backend b, bool grad) {
 }
 
 std::vector<Class> table() {
-  const auto causal = [](Inputs in) {
-    return with(in, [](Inputs& x) { x.options.is_causal(true); });
+  const auto causal = [](ContractInputs in) {
+    return with(in, [](ContractInputs& x) { x.options.is_causal(true); });
   };
   return {
       {"rank 2",
@@ -109,31 +109,31 @@ std::vector<Class> table() {
        }},
       {"bool mask, full shape",
        [] {
-         return with(qkv({2, 3, 5, 4}, {2, 3, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({2, 3, 5, 4}, {2, 3, 7, 4}, 3), [](ContractInputs& x) {
            x.options.attn_mask(torch::rand({2, 3, 5, 7}) < 0.3);
          });
        }},
       {"float mask, full shape",
        [] {
-         return with(qkv({2, 3, 5, 4}, {2, 3, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({2, 3, 5, 4}, {2, 3, 7, 4}, 3), [](ContractInputs& x) {
            x.options.attn_mask(randn({2, 3, 5, 7}));
          });
        }},
       {"bool mask broadcast over batch and heads (key padding)",
        [] {
-         return with(qkv({2, 3, 5, 4}, {2, 3, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({2, 3, 5, 4}, {2, 3, 7, 4}, 3), [](ContractInputs& x) {
            x.options.attn_mask(torch::rand({2, 1, 1, 7}) < 0.4);
          });
        }},
       {"float mask broadcast (Tq, Tk) with causal",
        [=] {
-         return with(causal(qkv({2, 3, 5, 4}, {2, 3, 7, 4}, 3)), [](Inputs& x) {
+         return with(causal(qkv({2, 3, 5, 4}, {2, 3, 7, 4}, 3)), [](ContractInputs& x) {
            x.options.attn_mask(randn({5, 7}));
          });
        }},
       {"rows with no visible key (bool mask)",
        [] {
-         return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3), [](ContractInputs& x) {
            auto mask = torch::rand({2, 2, 5, 7}) < 0.3;
            mask.select(2, 1).fill_(true);
            x.options.attn_mask(mask);
@@ -141,7 +141,7 @@ std::vector<Class> table() {
        }},
       {"rows with no visible key (-inf in a float mask)",
        [] {
-         return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3), [](ContractInputs& x) {
            auto mask = randn({2, 2, 5, 7});
            mask.select(2, 3).fill_(-kInf);
            mask[0][1][0][2] = -kInf;
@@ -150,7 +150,7 @@ std::vector<Class> table() {
        }},
       {"+inf in a float mask (that row is NaN)",
        [] {
-         return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3), [](ContractInputs& x) {
            auto mask = torch::zeros({1, 2, 5, 7});
            mask[0][0][2][4] = kInf;
            x.options.attn_mask(mask);
@@ -158,7 +158,7 @@ std::vector<Class> table() {
        }},
       {"NaN in a float mask (that row is NaN)",
        [] {
-         return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3), [](ContractInputs& x) {
            auto mask = torch::zeros({1, 2, 5, 7});
            mask[0][1][3][0] = std::nan("");
            x.options.attn_mask(mask);
@@ -166,7 +166,7 @@ std::vector<Class> table() {
        }},
       {"NaN and +inf in a float mask where causality hides the key (ignored)",
        [=] {
-         return with(causal(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3)), [](Inputs& x) {
+         return with(causal(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3)), [](ContractInputs& x) {
            auto mask = randn({1, 2, 5, 7});
            mask[0][0][1][5] = std::nan("");
            mask[0][1][0][6] = kInf;
@@ -175,28 +175,29 @@ std::vector<Class> table() {
        }},
       {"the same in bfloat16 (the Chunked backend's tiles of LibTorch ops)",
        [=] {
-         return with(causal(qkv({1, 2, 5, 8}, {1, 2, 7, 8}, 3, torch::kBFloat16)), [](Inputs& x) {
-           auto mask = randn({1, 2, 5, 7}, torch::kBFloat16);
-           mask[0][0][1][5] = std::nan("");
-           mask[0][1][0][6] = kInf;
-           x.options.attn_mask(mask);
-         });
+         return with(causal(qkv({1, 2, 5, 8}, {1, 2, 7, 8}, 3, torch::kBFloat16)),
+                     [](ContractInputs& x) {
+                       auto mask = randn({1, 2, 5, 7}, torch::kBFloat16);
+                       mask[0][0][1][5] = std::nan("");
+                       mask[0][1][0][6] = kInf;
+                       x.options.attn_mask(mask);
+                     });
        }},
       {"NaN in a query (that row is NaN)",
        [] {
          return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3),
-                     [](Inputs& x) { x.q[0][1][2][0] = std::nan(""); });
+                     [](ContractInputs& x) { x.q[0][1][2][0] = std::nan(""); });
        },
        finite_qk_only_on_native},
       {"NaN in a key seen by every query",
        [] {
          return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3),
-                     [](Inputs& x) { x.k[0][0][0][1] = std::nan(""); });
+                     [](ContractInputs& x) { x.k[0][0][0][1] = std::nan(""); });
        },
        finite_qk_only_on_native},
       {"NaN in a key hidden from some queries (by causality and by a bool mask)",
        [=] {
-         return with(causal(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3)), [](Inputs& x) {
+         return with(causal(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3)), [](ContractInputs& x) {
            x.k[0][0][6][1] = std::nan("");
            x.k[0][1][2][0] = std::nan("");
            auto mask = torch::zeros({5, 7}, torch::kBool);
@@ -208,11 +209,11 @@ std::vector<Class> table() {
       {"NaN in a visible value",
        [] {
          return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3),
-                     [](Inputs& x) { x.v[0][1][6][2] = std::nan(""); });
+                     [](ContractInputs& x) { x.v[0][1][6][2] = std::nan(""); });
        }},
       {"+inf scores from finite inputs (overflow: that row is NaN)",
        [] {
-         return with(qkv({1, 1, 4, 2}, {1, 1, 5, 2}, 3), [](Inputs& x) {
+         return with(qkv({1, 1, 4, 2}, {1, 1, 5, 2}, 3), [](ContractInputs& x) {
            x.q[0][0][1].fill_(1e30);
            x.k[0][0][2].fill_(1e30);
          });
@@ -220,7 +221,7 @@ std::vector<Class> table() {
        none, /*reference_in_dtype=*/true},
       {"-inf in a key (a score of -inf hides that key)",
        [] {
-         return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({1, 2, 5, 4}, {1, 2, 7, 4}, 3), [](ContractInputs& x) {
            x.q.abs_();
            x.k[0][0][3].fill_(-kInf);
          });
@@ -228,7 +229,7 @@ std::vector<Class> table() {
        finite_qk_only_on_native},
       {"-inf keys for a whole row of scores (that row is zero)",
        [] {
-         return with(qkv({1, 1, 3, 2}, {1, 1, 4, 2}, 3), [](Inputs& x) {
+         return with(qkv({1, 1, 3, 2}, {1, 1, 4, 2}, 3), [](ContractInputs& x) {
            x.q.abs_().add_(0.5);
            x.k.fill_(-kInf);
          });
@@ -260,7 +261,7 @@ std::vector<Class> table() {
        }},
       {"non-contiguous heads (a (B, T, H, d) tensor transposed)",
        [] {
-         Inputs in = qkv({2, 5, 3, 4}, {2, 7, 3, 4}, 6);
+         ContractInputs in = qkv({2, 5, 3, 4}, {2, 7, 3, 4}, 6);
          in.q = in.q.transpose(1, 2);
          in.k = in.k.transpose(1, 2);
          in.v = in.v.transpose(1, 2);
@@ -268,14 +269,14 @@ std::vector<Class> table() {
        }},
       {"expanded keys and values (stride 0 over heads)",
        [] {
-         Inputs in = qkv({2, 3, 5, 4}, {2, 1, 7, 4}, 3);
+         ContractInputs in = qkv({2, 3, 5, 4}, {2, 1, 7, 4}, 3);
          in.k = in.k.expand({2, 3, 7, 4});
          in.v = in.v.expand({2, 3, 7, 3});
          return in;
        }},
       {"transposed features (stride(-1) != 1)",
        [] {
-         Inputs in = qkv({2, 2, 4, 5}, {2, 2, 4, 7}, 3);
+         ContractInputs in = qkv({2, 2, 4, 5}, {2, 2, 4, 7}, 3);
          in.q = in.q.transpose(-1, -2);
          in.k = in.k.transpose(-1, -2);
          in.v = randn({2, 2, 7, 3});
@@ -291,17 +292,18 @@ std::vector<Class> table() {
        }},
       {"bfloat16 with a bool mask",
        [] {
-         return with(qkv({2, 2, 6, 8}, {2, 2, 9, 8}, 4, torch::kBFloat16), [](Inputs& x) {
+         return with(qkv({2, 2, 6, 8}, {2, 2, 9, 8}, 4, torch::kBFloat16), [](ContractInputs& x) {
            x.options.attn_mask(torch::rand({6, 9}) < 0.3);
          });
        }},
       {"a given scale",
        [] {
-         return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3), [](Inputs& x) { x.options.scale(0.3); });
+         return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3),
+                     [](ContractInputs& x) { x.options.scale(0.3); });
        }},
       {"float mask that requires grad",
        [] {
-         return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3), [](Inputs& x) {
+         return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3), [](ContractInputs& x) {
            x.options.attn_mask(randn({2, 1, 5, 7}));
            x.mask_grad = true;
          });
@@ -310,7 +312,7 @@ std::vector<Class> table() {
       {"attention weights requested",
        [] {
          return with(qkv({2, 2, 5, 4}, {2, 2, 7, 4}, 3),
-                     [](Inputs& x) { x.options.need_weights(true); });
+                     [](ContractInputs& x) { x.options.need_weights(true); });
        },
        [](Backend b, bool) -> std::optional<std::string> {
          if (b == Backend::Chunked) return std::string("the Chunked backend computes neither");
@@ -319,13 +321,13 @@ std::vector<Class> table() {
        }},
       {"large enough for Auto to pick Chunked: causal, GQA, padding, several blocks",
        [=] {
-         return with(causal(qkv({1, 4, 520, 16}, {1, 2, 520, 16}, 16)), [](Inputs& x) {
+         return with(causal(qkv({1, 4, 520, 16}, {1, 2, 520, 16}, 16)), [](ContractInputs& x) {
            x.options.attn_mask(torch::rand({1, 1, 1, 520}) < 0.1).block_size(96);
          });
        }},
       {"a float mask that requires grad, large enough for Auto to pick Chunked without it",
        [] {
-         return with(qkv({1, 4, 520, 8}, {1, 4, 520, 8}, 8), [](Inputs& x) {
+         return with(qkv({1, 4, 520, 8}, {1, 4, 520, 8}, 8), [](ContractInputs& x) {
            x.options.attn_mask(randn({1, 1, 520, 520}));
            x.mask_grad = true;
          });
@@ -334,7 +336,7 @@ std::vector<Class> table() {
       {"block_size far beyond the sequence (clamped)",
        [] {
          return with(qkv({1, 2, 37, 8}, {1, 2, 41, 8}, 5),
-                     [](Inputs& x) { x.options.block_size(int64_t{1} << 40); });
+                     [](ContractInputs& x) { x.options.block_size(int64_t{1} << 40); });
        }},
   };
 }
@@ -367,7 +369,7 @@ struct Result {
   std::vector<torch::Tensor> grads;  // q, k, v, and the mask when it takes part
 };
 
-Result run(const Inputs& in, Backend backend, bool grad, torch::Dtype dtype) {
+Result run(const ContractInputs& in, Backend backend, bool grad, torch::Dtype dtype) {
   auto prepare = [&](const torch::Tensor& t) {
     auto c = t.to(dtype);
     // Keep the class's memory layout: to() of the same dtype is the tensor itself.
@@ -420,7 +422,7 @@ TEST_CASE("contract: every input class gives Math's numbers or the named error o
   for (const auto& c : classes) {
     for (const bool grad : {false, true}) {
       torch::manual_seed(7);
-      const Inputs in = c.make();
+      const ContractInputs in = c.make();
       const auto dtype = in.q.scalar_type();
       const auto ref_dtype = c.reference_in_dtype ? dtype : torch::kDouble;
       const Result ref = run(in, Backend::Math, grad, ref_dtype);

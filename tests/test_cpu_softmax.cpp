@@ -27,7 +27,7 @@ namespace cpu = attention::kernels::cpu;
 
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kInfFloat = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // How far `got` is from the exact exp(x), in units of the last place of the float nearest to it.
@@ -35,7 +35,7 @@ double ulps_from_exp(float got, float x) {
   const double exact = std::exp(static_cast<double>(x));
   const float nearest = static_cast<float>(exact);
   const double ulp =
-      std::nextafter(nearest, kInf) - static_cast<double>(nearest);  // the spacing above it
+      std::nextafter(nearest, kInfFloat) - static_cast<double>(nearest);  // the spacing above it
   return std::abs(static_cast<double>(got) - exact) / ulp;
 }
 
@@ -71,7 +71,8 @@ TEST_CASE("cpu softmax: the passes' exp is within 1.05 ulp of exp, with its edge
       s[3 * cols + j] = static_cast<float>(-86.0 - 1.0 * u);           // the low edge
     }
     // Row 4: the edges; row 5 sees them with a NaN log-sum-exp.
-    const std::vector<float> edges = {0.0f, -0.0f, -kInf, kNaN, -87.01f, -100.0f, -1e30f, -1e-30f};
+    const std::vector<float> edges = {0.0f,    -0.0f,   -kInfFloat, kNaN,
+                                      -87.01f, -100.0f, -1e30f,     -1e-30f};
     for (int64_t r : {4, 5}) {
       std::fill(s.begin() + r * cols, s.begin() + (r + 1) * cols, -0.5f);
       std::copy(edges.begin(), edges.end(), s.begin() + r * cols);
@@ -125,7 +126,7 @@ TEST_CASE("cpu softmax: the probabilities mark what causal rows do not see", "[c
           CHECK(s[r * cols + j] == scores[r * cols + j]);
         } else {
           CHECK(got == 0.0f);
-          CHECK(s[r * cols + j] == -kInf);
+          CHECK(s[r * cols + j] == -kInfFloat);
         }
       }
     }
@@ -138,7 +139,7 @@ TEST_CASE("cpu softmax: the online-softmax step equals the step in double", "[ch
     INFO(passes->name);
     const int64_t rows = 40, cols = 83, ld = 96, dv = 20, acc_ld = 24;
     const int64_t valid = causal ? -3 : 0;
-    std::vector<float> max(rows, -kInf), sum(rows, 0.0f);
+    std::vector<float> max(rows, -kInfFloat), sum(rows, 0.0f);
     std::vector<float> acc = random_scores(rows * acc_ld, 1.0, 3);
     for (int tile = 0; tile < 2; ++tile) {
       // Scores in a padded tile (the padding is NaN and must stay so); the second tile's larger
@@ -149,11 +150,12 @@ TEST_CASE("cpu softmax: the online-softmax step equals the step in double", "[ch
       for (int64_t r = 0; r < rows; ++r) {
         std::copy_n(values.begin() + r * cols, cols, s.begin() + r * ld);
       }
-      s[10 * ld + 7] = kNaN;                                         // row 10: NaN, sum NaN
-      s[11 * ld + 50] = kInf;                                        // row 11: +inf, sum NaN
-      std::fill_n(s.begin() + 12 * ld, cols, -kInf);                 // row 12: masked in both tiles
-      if (tile == 0) std::fill_n(s.begin() + 13 * ld, cols, -kInf);  // row 13: in the first only
-      std::fill_n(s.begin() + 14 * ld, cols, -kInf);  // row 14: masked but for a NaN, sum NaN
+      s[10 * ld + 7] = kNaN;                               // row 10: NaN, sum NaN
+      s[11 * ld + 50] = kInfFloat;                         // row 11: +inf, sum NaN
+      std::fill_n(s.begin() + 12 * ld, cols, -kInfFloat);  // row 12: masked in both tiles
+      if (tile == 0)
+        std::fill_n(s.begin() + 13 * ld, cols, -kInfFloat);  // row 13: in the first only
+      std::fill_n(s.begin() + 14 * ld, cols, -kInfFloat);  // row 14: masked but for a NaN, sum NaN
       s[14 * ld] = kNaN;
       const std::vector<float> scores = s, max_before = max, sum_before = sum, acc_before = acc;
 
@@ -165,16 +167,16 @@ TEST_CASE("cpu softmax: the online-softmax step equals the step in double", "[ch
         const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
         const float* in = scores.data() + r * ld;
         bool nan = false;
-        float row_max = -kInf;
+        float row_max = -kInfFloat;
         for (int64_t j = 0; j < seen; ++j) {
           nan |= std::isnan(in[j]);
           if (!std::isnan(in[j])) row_max = std::max(row_max, in[j]);
         }
         const float new_max = std::max(row_max, max_before[r]);
         for (int64_t j = cols; j < ld; ++j) CHECK(std::isnan(s[r * ld + j]));
-        if (new_max == -kInf) {
+        if (new_max == -kInfFloat) {
           for (int64_t j = 0; j < cols; ++j) CHECK(s[r * ld + j] == 0.0f);
-          CHECK(max[r] == -kInf);
+          CHECK(max[r] == -kInfFloat);
           if (nan) CHECK(std::isnan(sum[r]));
           if (!nan) CHECK(sum[r] == sum_before[r]);
           for (int64_t c = 0; c < dv; ++c) CHECK(acc[r * acc_ld + c] == acc_before[r * acc_ld + c]);
@@ -185,7 +187,7 @@ TEST_CASE("cpu softmax: the online-softmax step equals the step in double", "[ch
           const float got = s[r * ld + j];
           if (j >= seen) {
             CHECK(got == 0.0f);
-          } else if (std::isnan(in[j]) || (in[j] == kInf && new_max == kInf)) {
+          } else if (std::isnan(in[j]) || (in[j] == kInfFloat && new_max == kInfFloat)) {
             CHECK(std::isnan(got));
           } else {
             const float x = in[j] - new_max;  // rounded to float, as the kernel does
@@ -198,7 +200,7 @@ TEST_CASE("cpu softmax: the online-softmax step equals the step in double", "[ch
         // row's sum is NaN already.
         const double shift = static_cast<double>(max_before[r]) - new_max;
         const double correction = std::isnan(shift) ? 0.0 : std::exp(shift);
-        if (nan || row_max == kInf || std::isnan(sum_before[r])) {
+        if (nan || row_max == kInfFloat || std::isnan(sum_before[r])) {
           CHECK(std::isnan(sum[r]));
         } else {
           const double expected = sum_before[r] * correction + added;

@@ -1,5 +1,6 @@
 // The golden harness: every case of models/golden/manifest.json, forward and backward, against
-// the numbers Python computed. ctest runs each case as its own test (--golden-case NAME).
+// the numbers Python computed. ctest runs the cases of each module as one test
+// (--golden-module NAME); a failure names its case.
 
 #include <attention/weights.h>
 
@@ -16,6 +17,7 @@ TEST_CASE("golden cases", "[.golden]") {
   int ran = 0;
   for (const auto& c : cases) {
     if (!golden::selected_case().empty() && c.name != golden::selected_case()) continue;
+    if (!golden::selected_module().empty() && c.module != golden::selected_module()) continue;
     ++ran;
     INFO("golden case " << c.name);
     auto m = golden::make_module(c);

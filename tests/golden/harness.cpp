@@ -23,6 +23,11 @@ std::string& selected_case() {
   return name;
 }
 
+std::string& selected_module() {
+  static std::string name;
+  return name;
+}
+
 std::vector<Case> read_manifest(const std::string& dir) {
   std::ifstream in(dir + "/manifest.json");
   TORCH_CHECK(in, "golden: cannot open ", dir, "/manifest.json");

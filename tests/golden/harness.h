@@ -45,6 +45,8 @@ struct Case {
 std::string& directory();
 /// The one case to run (--golden-case), empty for all.
 std::string& selected_case();
+/// The module whose cases to run (--golden-module), empty for all.
+std::string& selected_module();
 
 std::vector<Case> read_manifest(const std::string& dir);
 
