@@ -1,7 +1,7 @@
 # libxsmm's kernel generator for the fused CPU kernels' tile products
-# (src/kernels/cpu_small_gemm.cpp): machine code written per product shape, faster than a general
+# (src/gemm/small_gemm.cpp): machine code written per product shape, faster than a general
 # BLAS on the small products of a tile. Only the generator is linked (Debian's libxsmm-dev ships
-# it as the static libxsmmgen.a); the library keeps the code itself (src/kernels/cpu_code_cache.h)
+# it as the static libxsmmgen.a); the library keeps the code itself (src/gemm/code_cache.h)
 # rather than in libxsmm's registry. ATTENTION_LIBXSMM=AUTO (default) uses it when found, ON
 # requires it, OFF keeps every product on BLAS.
 set(ATTENTION_LIBXSMM AUTO CACHE STRING "Tile products through libxsmm: AUTO, ON or OFF")
@@ -20,10 +20,10 @@ endif()
 message(STATUS "Tile products through libxsmm: ${ATTENTION_HAS_LIBXSMM}")
 
 if(ATTENTION_HAS_LIBXSMM)
-  set_property(SOURCE src/kernels/cpu_small_gemm.cpp APPEND PROPERTY
+  set_property(SOURCE src/gemm/small_gemm.cpp APPEND PROPERTY
     COMPILE_DEFINITIONS ATTENTION_HAVE_LIBXSMM)
   if(NOT ATTENTION_LIBXSMM_INCLUDE_DIR IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
-    set_property(SOURCE src/kernels/cpu_small_gemm.cpp APPEND PROPERTY
+    set_property(SOURCE src/gemm/small_gemm.cpp APPEND PROPERTY
       INCLUDE_DIRECTORIES ${ATTENTION_LIBXSMM_INCLUDE_DIR})
   endif()
   target_link_libraries(attention PRIVATE ${ATTENTION_LIBXSMM_GENERATOR} ${CMAKE_DL_LIBS})

@@ -3,7 +3,7 @@
 #  - Every exported symbol in namespace attention must be public: at the top of the namespace, in
 #    attention::functional, attention::distributed or attention::testing, or a member, vtable or type information of
 #    a public class. Internal namespaces (detail, kernels, cpu, serialization, anonymous) stay
-#    hidden, except the kernel functions that attention::distributed calls.
+#    hidden, except the kernel functions that attention::distributed calls (src/kernels/blockwise.h).
 #  - Symbols of other code may only be instantiations of the templates of the standard library
 #    and LibTorch, whose headers declare them with default visibility, so that GCC exports every
 #    copy it emits (vague linkage); anything else (fmt, nlohmann::json, zlib, Gloo) is a leak.

@@ -1,6 +1,7 @@
 #include <attention/safetensors.h>
 
-#include "detail.h"
+#include "checks.h"
+#include "memory/empty_large.h"
 #include "serialization/safetensors.h"
 
 #include <nlohmann/json.hpp>

@@ -2,7 +2,7 @@
 
 #include <attention/safetensors.h>
 
-#include "detail.h"
+#include "checks.h"
 #include "serialization/byte_source.h"
 #include "serialization/safetensors.h"
 #include "serialization/torch_save.h"

@@ -4,8 +4,8 @@
 // not be read), the shapes BLAS itself refuses (a one-row operand whose row stride is below its
 // width), and what the libxsmm route takes and refuses.
 
-#include "kernels/cpu_blas.h"
-#include "kernels/cpu_small_gemm.h"
+#include "gemm/blas.h"
+#include "gemm/small_gemm.h"
 
 #include <torch/torch.h>
 #include "catch_compat.h"

@@ -1,7 +1,7 @@
 // The executable-code cache behind the libxsmm route: one generation per key, kept failures, the
 // bound on keys, code that runs, and concurrent requests for the same keys.
 
-#include "kernels/cpu_code_cache.h"
+#include "gemm/code_cache.h"
 
 #include "catch_compat.h"
 

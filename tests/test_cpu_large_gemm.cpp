@@ -1,14 +1,14 @@
-// The projections' large products on the generated kernels (kernels/cpu_large_gemm.h) against
+// The projections' large products on the generated kernels (gemm/large_gemm.h) against
 // torch::mm in double: A plain and transposed, padded row strides, C full of NaN (never read),
 // sides that span several tiles and a ragged last tile, contractions summed in pieces; the same
 // result on one thread and two; what it refuses leaves C as it was; the module's projections
 // with their gradients on it against linear in double; and the rule that picks their route.
 
-#include "detail.h"
-#include "kernels/cpu_blas.h"
-#include "kernels/cpu_features.h"
-#include "kernels/cpu_large_gemm.h"
-#include "kernels/cpu_small_gemm.h"
+#include "gemm/blas.h"
+#include "gemm/large_gemm.h"
+#include "gemm/small_gemm.h"
+#include "modules/projection.h"
+#include "platform/cpu_features.h"
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>

@@ -1,5 +1,5 @@
 // The fused kernels' exponential passes of each instruction set this processor runs (AVX-512F,
-// AVX2 with FMA: kernels/cpu_softmax_simd.h) against references in double written here: the
+// AVX2 with FMA: kernels/cpu/softmax.h) against references in double written here: the
 // backward's probabilities as a test of the exp itself (within 1.05 ulp of std::exp over its whole
 // range, exactly 1 at 0, 0 below -87 and at -inf, NaN for NaN, hidden keys 0 in a row whose
 // log-sum-exp is NaN), and the forward's online-softmax step over two tiles (ragged rows, causal
@@ -9,8 +9,8 @@
 // takes; ctest's chunked.avx2_softmax runs them on AVX2's and chunked.portable_softmax on the
 // portable loops.
 
-#include "kernels/cpu_features.h"
-#include "kernels/cpu_softmax_simd.h"
+#include "kernels/cpu/softmax.h"
+#include "platform/cpu_features.h"
 
 #include <torch/torch.h>
 #include "catch_compat.h"

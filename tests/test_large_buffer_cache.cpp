@@ -6,8 +6,8 @@
 #include <attention/multi_head_attention.h>
 #include <attention/workspace.h>
 
-#include "detail.h"
 #include "helpers.h"
+#include "memory/empty_large.h"
 
 #include <torch/torch.h>
 

@@ -7,8 +7,8 @@
 #include <attention/multi_head_attention.h>
 #include <attention/workspace.h>
 
-#include "detail.h"
 #include "helpers.h"
+#include "modules/projection.h"
 
 #include <torch/torch.h>
 

@@ -15,10 +15,9 @@
 
 #include <attention/distributed/ring_attention.h>
 
-#include "detail.h"
+#include "checks.h"
 #include "distributed/group_state.h"
-#include "kernels/chunked.h"
-#include "kernels/problem.h"
+#include "kernels/blockwise.h"
 
 #include <torch/autograd.h>
 #include <torch/torch.h>

@@ -3,7 +3,7 @@
 
 #include <attention/distributed/sequence_split.h>
 
-#include "detail.h"
+#include "checks.h"
 
 #include <torch/torch.h>
 

@@ -3,8 +3,8 @@
 // causal diagonal are skipped, and the block buffers are allocated once per call and reused:
 // large fresh allocations are what makes whole-matrix attention slow on many allocators.
 // Backward recomputes the blocks from the saved log-sum-exp, so it stays linear in T as well. On
-// the CPU, float, double and bfloat16 take the fused kernels of chunked_cpu.cpp and
-// chunked_cpu_backward.cpp instead; the tiles here serve every other device and dtype.
+// the CPU, float, double and bfloat16 take the fused kernels of kernels/cpu/forward.cpp and
+// kernels/cpu/backward.cpp instead; the tiles here serve every other device and dtype.
 
 #include "kernels/chunked.h"
 #include "kernels/kernels.h"

@@ -1,11 +1,11 @@
 #pragma once
 
 // Shared by the two halves of the chunked backend: the device-generic tiles made of LibTorch
-// ops (chunked.cpp, forward and backward) and the fused CPU kernels (chunked_cpu.cpp, forward;
-// chunked_cpu_backward.cpp, backward); and the backend's two halves without autograd, for
-// callers that merge the results of several key blocks through their log-sum-exp (ring
-// attention).
+// ops (chunked.cpp, forward and backward) and the fused CPU kernels (kernels/cpu/forward.cpp,
+// forward; kernels/cpu/backward.cpp, backward). Its halves without autograd are in
+// kernels/blockwise.h.
 
+#include "kernels/blockwise.h"
 #include "kernels/problem.h"
 
 #include <torch/torch.h>
@@ -41,32 +41,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> cpu_backward(
     const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
     const torch::Tensor& grad_out);
 
-/// The Chunked forward of `p` (its mask expanded to the scores' shape) without autograd: the fused
-/// CPU forward where it applies, else the tiles. Returns the output shaped like the queries with
-/// dv features and the log-sum-exp (N, G, Tq), +inf for a query that sees no key.
-/// Exported from a shared build (ATTENTION_API): attention::distributed calls it.
-ATTENTION_API std::pair<torch::Tensor, torch::Tensor> forward_with_lse(const Problem& p,
-                                                                       const torch::Tensor& query,
-                                                                       const torch::Tensor& key,
-                                                                       const torch::Tensor& value);
-
 /// forward_with_lse on the device-generic tiles, for any device and dtype: the forward of every
 /// input the fused CPU kernel does not take (and checked on the CPU against Math).
 std::pair<torch::Tensor, torch::Tensor> tiles_forward_with_lse(const Problem& p,
                                                                const torch::Tensor& query,
                                                                const torch::Tensor& key,
                                                                const torch::Tensor& value);
-
-/// The gradients of query, key and value (shaped like them) of the keys of `p`, given the final
-/// output `out` and log-sum-exp `lse` (N, G, Tq) of the queries. When the keys of `p` are one
-/// block of a longer sequence, `out` and `lse` are those of the whole sequence, and the results
-/// are that block's share of the gradients. The fused CPU backward where it applies, else the
-/// tiles.
-/// Exported from a shared build (ATTENTION_API): attention::distributed calls it.
-ATTENTION_API std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward_with_lse(
-    const Problem& p, const torch::Tensor& query, const torch::Tensor& key,
-    const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
-    const torch::Tensor& grad_out);
 
 /// backward_with_lse on the device-generic tiles, for any device and dtype: the backward of
 /// every input the fused CPU kernel does not take (and checked on the CPU against Math).

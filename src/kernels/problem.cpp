@@ -1,6 +1,6 @@
 #include "kernels/problem.h"
 
-#include "detail.h"
+#include "checks.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
 #include "serialization/torch_save.h"
 
-#include "detail.h"
+#include "memory/empty_large.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

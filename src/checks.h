@@ -1,0 +1,32 @@
+#pragma once
+
+// Small checks every layer shares (the functional layer, the kernels, the modules, the readers,
+// attention::distributed): shapes in messages, broadcasting, whether autograd records.
+
+#include <attention/export.h>
+
+#include <c10/core/GradMode.h>
+#include <c10/util/ArrayRef.h>
+
+#include <string>
+
+namespace attention {
+namespace detail {
+
+/// "(6, 4)"
+/// Exported from a shared build (ATTENTION_API): attention::distributed calls it.
+ATTENTION_API std::string shape_str(c10::IntArrayRef sizes);
+
+/// True when a tensor of shape `from` broadcasts to `to` without changing `to`.
+bool broadcastable_to(c10::IntArrayRef from, c10::IntArrayRef to);
+
+/// Whether autograd records an op on these tensors: grad mode is on and a defined one of them
+/// requires a gradient. By reference: no reference count changes on the article-sized path.
+template <typename... Tensors>
+bool records_grad(const Tensors&... tensors) {
+  if (!c10::GradMode::is_enabled()) return false;
+  return ((tensors.defined() && tensors.requires_grad()) || ...);
+}
+
+}  // namespace detail
+}  // namespace attention

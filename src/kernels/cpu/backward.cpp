@@ -1,0 +1,303 @@
+// The chunked backward on the CPU, fused (FlashAttention-2's backward). Each work item owns one
+// key/value head and a set of its key blocks: for each key block it walks every query block of
+// every query head of the group that can see it, rebuilds the tile's probabilities from the saved
+// log-sum-exp, and accumulates the key and value gradients of the block in place, so no two
+// threads ever write the same key row and no atomics are needed. Query gradients accumulate in
+// the item's own rows: one item per key/value head when there are enough heads for the threads,
+// otherwise the key blocks of a head are split between items, each with its own copy of the
+// query gradients, summed at the end (one extra copy per split, at most one per thread).
+// Tiles above the causal diagonal are skipped; each tile is five products (gemm/blas.h; the key
+// block's keys and values transposed once for all of its tiles) and two vectorized element-wise
+// passes over a block of scores that stays in the cache.
+
+#include "kernels/chunked.h"
+#include "kernels/cpu/softmax.h"
+#include "kernels/cpu/tile.h"
+#include "memory/tile_pool.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+namespace attention {
+namespace kernels {
+namespace {
+
+using torch::Tensor;
+
+// The probabilities of a tile of rows x cols scaled scores `s` (row stride cols), of which row r
+// sees its first valid + r columns when causal (all of them otherwise), from the rows' log-sum-exp
+// `lse`. A hidden key (masked to -inf, or beyond the causal limit, which is marked -inf in `s`
+// here) gets probability 0 even in a row whose log-sum-exp is NaN; visible keys of such a row get
+// NaN, as the whole-matrix softmax gives.
+template <typename T>
+ATTENTION_ALWAYS_INLINE void probabilities(T* s, T* prob, int64_t rows, int64_t cols, bool causal,
+                                           int64_t valid, const T* lse) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    T* score = s + r * cols;
+    T* pr = prob + r * cols;
+    const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
+    const T row_lse = lse[r];
+#pragma omp simd
+    for (int64_t j = 0; j < seen; ++j) {
+      const T x = score[j] - row_lse;
+      const T e = cpu::exp_nonpositive(x);
+      pr[j] = score[j] == -kInf ? T(0) : (x != x ? x : e);
+    }
+    std::fill(score + seen, score + cols, -kInf);
+    std::fill(pr + seen, pr + cols, T(0));
+  }
+}
+
+// The gradient of the tile's scaled scores times the scale, written over the gradient of its
+// probabilities `dp`: scale * prob * (dp - delta) row by row, 0 at hidden keys (where delta may
+// be NaN). With the scale in it, it is the gradient of the products q . k, and the two products
+// that take it need no alpha (which the small-product route cannot apply).
+template <typename T>
+ATTENTION_ALWAYS_INLINE void score_gradients(const T* s, const T* prob, T* dp, int64_t rows,
+                                             int64_t cols, const T* delta, T scale) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* score = s + r * cols;
+    const T* pr = prob + r * cols;
+    T* g = dp + r * cols;
+    const T row_delta = delta[r];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      g[j] = score[j] == -kInf ? T(0) : pr[j] * (g[j] - row_delta) * scale;
+    }
+  }
+}
+
+ATTENTION_MULTIVERSION void probabilities_f32(float* s, float* prob, int64_t rows, int64_t cols,
+                                              bool causal, int64_t valid, const float* lse) {
+  probabilities(s, prob, rows, cols, causal, valid, lse);
+}
+
+ATTENTION_MULTIVERSION void score_gradients_f32(const float* s, const float* prob, float* dp,
+                                                int64_t rows, int64_t cols, const float* delta,
+                                                float scale) {
+  score_gradients(s, prob, dp, rows, cols, delta, scale);
+}
+
+void dispatch_probabilities(float* s, float* prob, int64_t rows, int64_t cols, bool causal,
+                            int64_t valid, const float* lse) {
+  if (const cpu::SoftmaxPasses* passes = cpu::softmax_passes()) {
+    passes->probabilities(s, prob, rows, cols, causal, valid, lse);
+    return;
+  }
+  probabilities_f32(s, prob, rows, cols, causal, valid, lse);
+}
+
+void dispatch_probabilities(double* s, double* prob, int64_t rows, int64_t cols, bool causal,
+                            int64_t valid, const double* lse) {
+  probabilities(s, prob, rows, cols, causal, valid, lse);
+}
+
+void dispatch_score_gradients(const float* s, const float* prob, float* dp, int64_t rows,
+                              int64_t cols, const float* delta, float scale) {
+  score_gradients_f32(s, prob, dp, rows, cols, delta, scale);
+}
+
+void dispatch_score_gradients(const double* s, const double* prob, double* dp, int64_t rows,
+                              int64_t cols, const double* delta, double scale) {
+  score_gradients(s, prob, dp, rows, cols, delta, scale);
+}
+
+// How many items share the key blocks of one key/value head: one when the heads alone keep
+// every thread busy, else enough to give each thread about two items.
+int64_t splits_per_head(const Problem& p, int64_t key_blocks) {
+  const int64_t threads = at::get_num_threads();
+  if (p.n >= 2 * threads) return 1;
+  return std::clamp<int64_t>(std::min(threads, (2 * threads + p.n - 1) / p.n), 1, key_blocks);
+}
+
+// delta: each query row's dot product of its output and output gradient, (N * G, Tq), without
+// a temporary of the output's size.
+template <typename T>
+void output_dots(const Problem& p, const Tensor& out, const Tensor& grad_out, Tensor& delta) {
+  const cpu::Matrices<T> o(out), g(grad_out);
+  T* d = delta.data_ptr<T>();
+  at::parallel_for(0, p.n * p.g * p.t_q, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* a = o.row(row / p.t_q, row % p.t_q);
+      const T* b = g.row(row / p.t_q, row % p.t_q);
+      T sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < p.dv; ++c) sum += a[c] * b[c];
+      d[row] = sum;
+    }
+  });
+}
+
+template <typename T>
+class Backward {
+ public:
+  // lse and delta: (N * G, Tq), contiguous; dq_parts: one tensor per split shaped as q, zeros;
+  // dk and dv shaped as k and v, every row written here. Gradients have contiguous rows.
+  Backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+           const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
+           const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv)
+      : p_(p),
+        q_(q),
+        k_(k),
+        v_(v),
+        go_(grad_out),
+        lse_(lse.data_ptr<T>()),
+        delta_(delta.data_ptr<T>()),
+        dq_(dq_parts.begin(), dq_parts.end()),
+        dk_(dk),
+        dv_(dv),
+        splits_(static_cast<int64_t>(dq_parts.size())) {
+    if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
+  }
+
+  void run() {
+    const int64_t key_blocks = (p_.t_k + p_.block - 1) / p_.block;
+    at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
+      TileBuffers w(p_);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t kv = item / splits_, split = item % splits_;
+        for (int64_t b = split; b < key_blocks; b += splits_)
+          key_block(kv, b * p_.block, dq_[split], w);
+      }
+    });
+  }
+
+ private:
+  // One thread's tiles, from memory kept between calls: scores, probabilities, the gradient of
+  // the probabilities (then of the scores), with soft-capping the cap's slope, the key block's
+  // keys (scaled) and values transposed, and a product before it is added to a gradient.
+  struct TileBuffers {
+    cpu::TileLease lease;
+    T *s, *prob, *dp, *cap_slope, *keys_t, *values_t, *product;
+    explicit TileBuffers(const Problem& p)
+        : lease((p.softcap > 0.0 ? 4 : 3) * cpu::TileLease::tile_bytes<T>(p.block * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.d * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.dv * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.block * std::max(p.d, p.dv))),
+          s(lease.take<T>(p.block * p.block)),
+          prob(lease.take<T>(p.block * p.block)),
+          dp(lease.take<T>(p.block * p.block)),
+          cap_slope(p.softcap > 0.0 ? lease.take<T>(p.block * p.block) : nullptr),
+          keys_t(lease.take<T>(p.d * p.block)),
+          values_t(lease.take<T>(p.dv * p.block)),
+          product(lease.take<T>(p.block * std::max(p.d, p.dv))) {}
+  };
+
+  // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
+  void key_block(int64_t kv, int64_t j0, const cpu::Matrices<T>& dq, TileBuffers& w) const {
+    const int64_t cols = std::min(p_.block, p_.t_k - j0);
+    T* dk = dk_.row(kv, j0);
+    T* dv = dv_.row(kv, j0);
+    for (int64_t c = 0; c < cols; ++c) {
+      std::fill(dk + c * dk_.row_stride, dk + c * dk_.row_stride + p_.d, T(0));
+      std::fill(dv + c * dv_.row_stride, dv + c * dv_.row_stride + p_.dv, T(0));
+    }
+    // Turned once for every query block that sees them: the scores and the probabilities'
+    // gradient then read both operands along rows.
+    cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, cols, p_.d, static_cast<T>(p_.scale),
+                             w.keys_t, p_.block);
+    cpu::transpose_scaled<T>(v_.row(kv, j0), v_.row_stride, cols, p_.dv, T(1), w.values_t,
+                             p_.block);
+    // The queries that see a key of the block (causal: query i sees keys j <= i + diagonal;
+    // a window: keys j >= i + left_diagonal).
+    const int64_t first = queries_begin(p_, j0), last = queries_end(p_, j0, cols);
+    for (int64_t h = kv * p_.g; h < (kv + 1) * p_.g; ++h) {
+      for (int64_t i0 = first; i0 < last; i0 += p_.block) {
+        const int64_t rows = std::min(p_.block, last - i0);
+        // Where the diagonal or the window's left edge crosses the tile, it is done in strips of
+        // rows, each only over the keys its rows see.
+        const int64_t strip =
+            cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
+        for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+          const int64_t sr = std::min(strip, rows - r0);
+          const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
+          if (c.end > c.begin) {
+            tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, dq,
+                 dk + c.begin * dk_.row_stride, dv + c.begin * dv_.row_stride, w);
+          }
+        }
+      }
+    }
+  }
+
+  // Queries [i0, i0 + rows) of query head h against keys [block + first, block + first + cols)
+  // of head kv, the key block whose transposed keys and values `w` holds.
+  void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t block, int64_t first,
+            int64_t cols, const cpu::Matrices<T>& dq, T* dk, T* dv, TileBuffers& w) const {
+    const T scale = static_cast<T>(p_.scale);
+    const int64_t j0 = block + first;
+    const T* q = q_.row(h, i0);
+    const T* k = k_.row(kv, j0);
+    const T* go = go_.row(h, i0);
+    T *s = w.s, *prob = w.prob, *dp = w.dp, *cap_slope = w.cap_slope;
+    cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q, q_.row_stride, w.keys_t + first, p_.block, 0,
+                 s, cols);
+    cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope);
+    dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
+                           lse_ + h * p_.t_q + i0);
+    cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv,
+                 dv_.row_stride, w.product);
+    cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, go, go_.row_stride, w.values_t + first,
+                 p_.block, 0, dp, cols);
+    dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * p_.t_q + i0, scale);
+    if (cap_slope) {  // through softcap * tanh(s / softcap)
+      for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
+    }
+    cpu::gemm<T>(false, false, rows, p_.d, cols, 1, dp, cols, k, k_.row_stride, 1, dq.row(h, i0),
+                 dq.row_stride, w.product);
+    cpu::gemm<T>(true, false, cols, p_.d, rows, 1, dp, cols, q, q_.row_stride, 1, dk,
+                 dk_.row_stride, w.product);
+  }
+
+  const Problem& p_;
+  cpu::Matrices<T> q_, k_, v_, go_;
+  const T* lse_;
+  const T* delta_;
+  std::vector<cpu::Matrices<T>> dq_;
+  cpu::Matrices<T> dk_, dv_;
+  int64_t splits_;
+  std::vector<int64_t> mask_at_;
+};
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& query,
+                                                const Tensor& key, const Tensor& value,
+                                                const Tensor& out, const Tensor& lse,
+                                                const Tensor& grad_out) {
+  if (cpu::widened_to_float(query)) {
+    auto [dq, dk, dv] = cpu_backward(cpu::with_float_mask(p), cpu::widened(query),
+                                     cpu::widened(key), cpu::widened(value), cpu::widened(out),
+                                     cpu::widened(lse), cpu::widened(grad_out));
+    const auto dtype = query.scalar_type();
+    return {cpu::converted(dq, dtype), cpu::converted(dk, dtype), cpu::converted(dv, dtype)};
+  }
+  const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
+               v = cpu::rows_contiguous(value);
+  const Tensor go = cpu::rows_contiguous(grad_out), o = cpu::rows_contiguous(out);
+  Tensor delta = torch::empty({p.n * p.g, p.t_q}, q.options());
+  const Tensor lse_rows = lse.reshape({p.n * p.g, p.t_q}).contiguous();
+  const int64_t splits = splits_per_head(p, (p.t_k + p.block - 1) / p.block);
+  // The gradients are fresh tensors on every call (autograd keeps them), in the memory layout
+  // of their inputs: heads split from a (B, T, H * d) projection by a view get gradients that
+  // fold back into it without a copy. Large ones on huge pages (cpu::empty_in_layout_of).
+  std::vector<Tensor> dq_parts(splits);
+  for (auto& part : dq_parts) part = cpu::empty_in_layout_of(q, q.sizes()).zero_();
+  const Tensor dk = cpu::empty_in_layout_of(k, k.sizes());
+  const Tensor dv = cpu::empty_in_layout_of(v, v.sizes());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_backward", [&] {
+    output_dots<scalar_t>(p, o, go, delta);
+    Backward<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv).run();
+  });
+  for (int64_t s = 1; s < splits; ++s) dq_parts[0].add_(dq_parts[s]);
+  return {dq_parts[0], dk, dv};
+}
+
+}  // namespace kernels
+}  // namespace attention

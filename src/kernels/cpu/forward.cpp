@@ -1,0 +1,275 @@
+// The chunked forward on the CPU, fused. Each thread takes items of a query head and up to four
+// of its query blocks, and keeps one tile of scores in its cache while the scores, the
+// online-softmax step and the weighted sum of values run over it; no LibTorch op works on more
+// than one tile, so there is one pass over memory per product instead of one per element-wise
+// op. Each key block's keys are transposed (and scaled) once for the item's query blocks, so
+// both products read their operands along rows, as the generated small-product kernels want
+// (gemm/blas.h, gemm/small_gemm.h). The softmax step is a loop the compiler vectorizes, with a
+// polynomial exp, built for several instruction sets and picked at run time on x86-64 (written
+// with AVX-512's or AVX2's intrinsics where the processor has them: kernels/cpu/softmax.h).
+// Queries, keys and values are read in place through their strides, so heads split by a
+// view/transpose are not copied, and the output is written in the queries' memory layout.
+
+#include "gemm/small_gemm.h"
+#include "kernels/chunked.h"
+#include "kernels/cpu/softmax.h"
+#include "kernels/cpu/tile.h"
+#include "memory/tile_pool.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace attention {
+namespace kernels {
+namespace {
+
+using cpu::exp_nonpositive;
+using cpu::Matrices;
+using torch::Tensor;
+
+// The online-softmax step of one tile: rows x cols scaled scores in `s` (row stride ld), of
+// which row r sees its first valid + r columns when causal (all of them otherwise). Turns the
+// scores into probabilities relative to each row's running maximum `max`, adds them to the
+// running sum `sum` (NaN once a score was NaN), and rescales the row's accumulated values `acc`
+// (rows x dv, row stride acc_ld) to the new maximum.
+template <typename T>
+ATTENTION_ALWAYS_INLINE void softmax_step(T* s, int64_t rows, int64_t cols, int64_t ld, bool causal,
+                                          int64_t valid, T* max, T* sum, T* acc, int64_t dv,
+                                          int64_t acc_ld) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = s + r * ld;
+    const int64_t seen = causal ? std::clamp<int64_t>(valid + r, 0, cols) : cols;
+    T row_max = -kInf;
+    int nan = 0;
+#pragma omp simd reduction(max : row_max) reduction(| : nan)
+    for (int64_t j = 0; j < seen; ++j) {
+      row_max = row[j] > row_max ? row[j] : row_max;
+      nan |= row[j] != row[j];
+    }
+    const T new_max = row_max > max[r] ? row_max : max[r];
+    // A NaN score, or a +inf one (whose exp relative to itself is inf/inf), leaves the row's
+    // softmax undefined: NaN, as the whole-matrix softmax gives.
+    if (nan || row_max == kInf) sum[r] = std::numeric_limits<T>::quiet_NaN();
+    if (new_max == -kInf) {  // every key masked so far: nothing to add
+      std::fill(row, row + cols, T(0));
+      continue;
+    }
+    T added = 0;
+#pragma omp simd reduction(+ : added)
+    for (int64_t j = 0; j < seen; ++j) {
+      const T e = exp_nonpositive(row[j] - new_max);
+      row[j] = e;
+      added += e;
+    }
+    std::fill(row + seen, row + cols, T(0));
+    const T correction = exp_nonpositive(max[r] - new_max);
+    sum[r] = sum[r] * correction + added;
+    max[r] = new_max;
+    if (correction != T(1)) {
+      T* a = acc + r * acc_ld;
+#pragma omp simd
+      for (int64_t c = 0; c < dv; ++c) a[c] *= correction;
+    }
+  }
+}
+
+ATTENTION_MULTIVERSION void softmax_step_f32(float* s, int64_t rows, int64_t cols, int64_t ld,
+                                             bool causal, int64_t valid, float* max, float* sum,
+                                             float* acc, int64_t dv, int64_t acc_ld) {
+  softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
+}
+
+void dispatch_softmax_step(float* s, int64_t rows, int64_t cols, int64_t ld, bool causal,
+                           int64_t valid, float* max, float* sum, float* acc, int64_t dv,
+                           int64_t acc_ld) {
+  if (const cpu::SoftmaxPasses* passes = cpu::softmax_passes()) {
+    passes->softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
+    return;
+  }
+  softmax_step_f32(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
+}
+
+void dispatch_softmax_step(double* s, int64_t rows, int64_t cols, int64_t ld, bool causal,
+                           int64_t valid, double* max, double* sum, double* acc, int64_t dv,
+                           int64_t acc_ld) {
+  softmax_step(s, rows, cols, ld, causal, valid, max, sum, acc, dv, acc_ld);
+}
+
+template <typename T>
+class Forward {
+ public:
+  Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+          Tensor& lse)
+      : p_(p), q_(q), k_(k), v_(v), out_(out), lse_(lse.defined() ? lse.data_ptr<T>() : nullptr) {
+    if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
+  }
+
+  void run() {
+    const int64_t blocks = (p_.t_q + p_.block - 1) / p_.block;
+    const int64_t group = group_size(blocks);
+    const int64_t groups = (blocks + group - 1) / group;
+    at::parallel_for(0, p_.n * p_.g * groups, 1, [&](int64_t begin, int64_t end) {
+      TileBuffers w(p_, group);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t first = cpu::interleaved(item % groups, groups) * group;
+        query_blocks(item / groups, first, std::min(group, blocks - first), w);
+      }
+    });
+  }
+
+ private:
+  // Query blocks per item: each key block is then turned once for all of them. Every query block
+  // splits its keys into key blocks on the same lattice (first_key_block), so the results do not
+  // depend on the grouping. Enough items are left to keep every thread busy.
+  int64_t group_size(int64_t blocks) const {
+    const int64_t threads = at::get_num_threads();
+    return std::clamp<int64_t>(p_.n * p_.g * blocks / (8 * threads), 1, kMaxGroup);
+  }
+
+  static constexpr int64_t kMaxGroup = 4;
+
+  // One thread's buffers, reused for every item it takes, from memory kept between calls: the
+  // scores, each row's running maximum and sum for the query blocks of a group, the key block's
+  // keys transposed (and scaled), and a tile's weighted values before they are added to the
+  // accumulated ones. The accumulated values are the output's own rows.
+  struct TileBuffers {
+    cpu::TileLease lease;
+    T *scores, *max, *sum, *keys_t, *product;
+    TileBuffers(const Problem& p, int64_t group)
+        : lease(2 * cpu::TileLease::tile_bytes<T>(group * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.block * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.d * p.block) +
+                cpu::TileLease::tile_bytes<T>(p.block * p.dv)),
+          scores(lease.take<T>(p.block * p.block)),
+          max(lease.take<T>(group * p.block)),
+          sum(lease.take<T>(group * p.block)),
+          keys_t(lease.take<T>(p.d * p.block)),
+          product(lease.take<T>(p.block * p.dv)) {}
+  };
+
+  // The running state of one query block's rows: accumulated values (in the output, rows
+  // acc_ld apart), maximum and sum.
+  struct Rows {
+    T* acc;
+    int64_t acc_ld;
+    T *max, *sum;
+  };
+
+  // Query head h, the `count` query blocks from block `first` on: every key block they see, each
+  // turned once and taken by every query block that sees it, then their output rows.
+  void query_blocks(int64_t h, int64_t first, int64_t count, TileBuffers& w) const {
+    const int64_t kv = h / p_.g, i0 = first * p_.block;
+    const int64_t rows = std::min(count * p_.block, p_.t_q - i0);
+    std::fill(w.max, w.max + rows, -std::numeric_limits<T>::infinity());
+    std::fill(w.sum, w.sum + rows, T(0));
+    for (int64_t r = 0; r < rows; ++r) std::fill_n(out_.row(h, i0 + r), p_.dv, T(0));
+    const int64_t keys = keys_end(p_, i0, rows);
+    for (int64_t j0 = first_key_block(i0); j0 < keys; j0 += p_.block) {
+      // The scores read both operands along rows: the keys turned once for the group's tiles.
+      cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, std::min(p_.block, keys - j0), p_.d,
+                               static_cast<T>(p_.scale), w.keys_t, p_.block);
+      for (int64_t b = 0; b < count; ++b) {
+        const int64_t offset = b * p_.block;
+        const Rows state{out_.row(h, i0 + offset), out_.row_stride, w.max + offset, w.sum + offset};
+        key_block(h, kv, i0 + offset, std::min(p_.block, p_.t_q - i0 - offset), j0, state, w);
+      }
+    }
+    T* lse = lse_ ? lse_ + h * p_.t_q + i0 : nullptr;
+    for (int64_t r = 0; r < rows; ++r) {
+      const bool dead = w.sum[r] == T(0);  // NaN sums are not dead: they stay NaN
+      const T inverse = dead ? T(0) : T(1) / w.sum[r];
+      T* o = out_.row(h, i0 + r);
+      for (int64_t c = 0; c < p_.dv; ++c) o[c] *= inverse;
+      if (lse) lse[r] = dead ? std::numeric_limits<T>::infinity() : w.max[r] + std::log(w.sum[r]);
+    }
+  }
+
+  // Where the key blocks of query block i0 begin: on the lattice of block multiples, which every
+  // query block shares, so that a group's query blocks take the same key blocks as they would
+  // alone (a window's left edge falls inside a block, whose hidden keys its strips mask), and a
+  // tile's sides stay multiples of the block.
+  int64_t first_key_block(int64_t i0) const { return keys_begin(p_, i0) / p_.block * p_.block; }
+
+  // Queries [i0, i0 + rows) of head h against the key block from j0 (whose transposed keys `w`
+  // holds), where they see it: tiles, or strips of rows where an edge crosses it.
+  void key_block(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, const Rows& state,
+                 TileBuffers& w) const {
+    const int64_t keys = keys_end(p_, i0, rows);
+    if (j0 >= keys || j0 < first_key_block(i0)) return;  // a group's other query blocks see it
+    const int64_t cols = std::min(p_.block, keys - j0);
+    const int64_t strip = cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+      const int64_t sr = std::min(strip, rows - r0);
+      auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
+      // A window's left edge starts where it falls; the strip starts at the granule below (the
+      // few keys between are masked), so that its products keep generated kernels.
+      c.begin -= c.begin % cpu::kSmallGemmGranule;
+      // Keys of the strip's columns that its first row sees (visible_end before its clamp:
+      // rows above the first visible one count down from it).
+      const int64_t seen = i0 + r0 + 1 + p_.diagonal() - (j0 + c.begin);
+      if (c.end > c.begin) {
+        const Rows strip_state{state.acc + r0 * state.acc_ld, state.acc_ld, state.max + r0,
+                               state.sum + r0};
+        tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, cols, seen, strip_state,
+             w.scores + r0 * cols, w);
+      }
+    }
+  }
+
+  // Queries [i, i + rows) against keys [block + from, block + from + cols), of the key block
+  // whose transposed keys `w` holds: scores in `scores` (row stride ld), the softmax step, and
+  // the weighted values into the rows' accumulated values.
+  void tile(int64_t h, int64_t kv, int64_t i, int64_t rows, int64_t block, int64_t from,
+            int64_t cols, int64_t ld, int64_t seen, const Rows& state, T* scores,
+            const TileBuffers& w) const {
+    const int64_t j0 = block + from;
+    cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q_.row(h, i), q_.row_stride, w.keys_t + from,
+                 p_.block, 0, scores, ld);
+    cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr);
+    dispatch_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, state.max, state.sum,
+                          state.acc, p_.dv, state.acc_ld);
+    cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
+                 state.acc, state.acc_ld, w.product);
+  }
+
+  const Problem& p_;
+  Matrices<T> q_, k_, v_, out_;
+  T* lse_;
+  std::vector<int64_t> mask_at_;
+};
+
+}  // namespace
+
+bool fused_cpu_applies(const Tensor& query) {
+  const auto dtype = query.scalar_type();
+  return query.device().is_cpu() &&
+         (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
+}
+
+std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, const Tensor& key,
+                                      const Tensor& value, bool with_lse) {
+  if (cpu::widened_to_float(query)) {
+    auto [out, lse] = cpu_forward(cpu::with_float_mask(p), cpu::widened(query), cpu::widened(key),
+                                  cpu::widened(value), with_lse);
+    // The log-sum-exp stays float for the backward.
+    return {cpu::converted(out, query.scalar_type()), lse};
+  }
+  const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
+               v = cpu::rows_contiguous(value);
+  auto sizes = q.sizes().vec();
+  sizes.back() = p.dv;
+  Tensor out = cpu::empty_in_layout_of(q, sizes);
+  Tensor lse = with_lse ? torch::empty({p.n, p.g, p.t_q}, q.options()) : Tensor();
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_forward",
+                             [&] { Forward<scalar_t>(p, q, k, v, out, lse).run(); });
+  return {out, lse};
+}
+
+}  // namespace kernels
+}  // namespace attention

@@ -1,0 +1,198 @@
+#pragma once
+
+// What the fused CPU forward (kernels/cpu/forward.cpp) and backward (kernels/cpu/backward.cpp)
+// share: reading strided heads in place, BLAS on raw row-major pointers, the user's mask on a tile,
+// and an exp the compiler vectorizes.
+
+#include "gemm/blas.h"
+#include "kernels/problem.h"
+#include "platform/compiler.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace attention {
+namespace kernels {
+namespace cpu {
+
+// exp(x) for x <= 0 (NaN gives 0: callers check for NaN themselves), written with nothing but
+// arithmetic and one select so that every compiler vectorizes the loops calling it: Cephes'
+// single-precision polynomial after a reduction by ln 2 (within 2 ulp of std::exp). x below -87
+// (results near 2^-126 and below) gives 0, decided once at the end: clamping the reduced
+// exponent as well made GCC compute the polynomial twice, once per side of the clamp. Small
+// positive x (rounding above a maximum) are fine.
+ATTENTION_ALWAYS_INLINE float exp_nonpositive(float x) {
+  const bool tiny = !(x >= -87.0f);  // NaN included
+  const float xc = tiny ? -87.0f : x;
+  const float round = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (xc * 1.44269504089f + round) - round;  // >= -126: 2^n is a normal number
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float poly = 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  const float y = poly * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (int32_t{1} << 23);
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  const float e = y * two_n;
+  return tiny ? 0.0f : e;
+}
+
+ATTENTION_ALWAYS_INLINE double exp_nonpositive(double x) {
+  return std::exp(x);
+}
+
+/// bfloat16 runs the float kernels: its inputs are widened once, the products and the softmax
+/// accumulate in float, and the results are rounded once.
+inline bool widened_to_float(const torch::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16;
+}
+
+/// `p` with an additive mask widened to float, for widened inputs.
+Problem with_float_mask(const Problem& p);
+
+/// `t` in `dtype`: `t` itself when it has it, else a copy in `t`'s memory layout whose memory,
+/// when large, comes from the large-buffer cache (empty_in_layout_of): a fresh copy of each
+/// input and result on every call would cost its page faults every time.
+torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype);
+
+/// The float copy of an input that widened_to_float().
+inline torch::Tensor widened(const torch::Tensor& t) {
+  return converted(t, at::kFloat);
+}
+
+/// `t` when each of its rows is contiguous, else a contiguous copy: BLAS reads rows through
+/// their stride but wants the elements of a row next to each other.
+inline torch::Tensor rows_contiguous(const torch::Tensor& t) {
+  return t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+/// An uninitialized tensor of `sizes` whose dims lie in memory in the order of `like`'s strides
+/// (its last dim last), large ones on huge pages: outputs written in their input's layout.
+torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef sizes);
+
+/// The same in `dtype` instead of `like`'s.
+torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef sizes,
+                                 at::ScalarType dtype);
+
+/// The element offset of every matrix (the last two dims) of `t`, in flattened leading order.
+std::vector<int64_t> matrix_offsets(const torch::Tensor& t);
+
+/// One operand's matrices: the data, the element offset of each flattened leading index, and
+/// the row stride (rows are contiguous).
+template <typename T>
+struct Matrices {
+  T* data;
+  std::vector<int64_t> at;
+  int64_t row_stride;
+  explicit Matrices(const torch::Tensor& t)
+      : data(t.data_ptr<T>()), at(matrix_offsets(t)), row_stride(t.stride(-2)) {}
+  T* row(int64_t index, int64_t r) const { return data + at[index] + r * row_stride; }
+};
+
+/// The user's mask (its matrix at element `offset`) applied to a tile of scaled scores of
+/// queries [i0, i0 + rows) and keys [j0, j0 + cols), row stride ld: bool true = -inf, or added.
+template <typename T>
+void apply_mask(const torch::Tensor& mask, int64_t offset, int64_t i0, int64_t j0, T* s,
+                int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t row_stride = mask.stride(-2), col_stride = mask.stride(-1);
+  if (mask.scalar_type() == at::kBool) {
+    const bool* m = mask.data_ptr<bool>() + offset + i0 * row_stride + j0 * col_stride;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) {
+        if (m[r * row_stride + j * col_stride]) s[r * ld + j] = -std::numeric_limits<T>::infinity();
+      }
+    }
+    return;
+  }
+  const T* m = mask.data_ptr<T>() + offset + i0 * row_stride + j0 * col_stride;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) s[r * ld + j] += m[r * row_stride + j * col_stride];
+  }
+}
+
+/// What comes between the product of queries and keys and the softmax, on a tile of scaled
+/// scores `s` (row stride ld) of query matrix h, queries [i0, i0 + rows), keys [j0, j0 + cols):
+/// soft-capping (writing its derivative 1 - tanh^2 to `cap_slope`, row stride cols, when given),
+/// ALiBi, the user's mask (its matrices at `mask_at`), and -inf for keys left of the window.
+/// Keys right of the causal diagonal or the window are the caller's: it never reads them.
+template <typename T>
+void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64_t h, int64_t i0,
+                    int64_t rows, int64_t j0, int64_t cols, T* s, int64_t ld, T* cap_slope) {
+  if (p.softcap > 0.0) {
+    const T cap = static_cast<T>(p.softcap), inverse = T(1) / cap;
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = s + r * ld;
+      for (int64_t j = 0; j < cols; ++j) {
+        const T t = std::tanh(row[j] * inverse);
+        row[j] = cap * t;
+        if (cap_slope) cap_slope[r * cols + j] = T(1) - t * t;
+      }
+    }
+  }
+  if (!p.alibi.empty()) {
+    const T slope = static_cast<T>(p.alibi[h % p.heads]);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = s + r * ld;
+      const int64_t position = i0 + r + p.query_offset - j0;  // relative to key j0
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t distance = position > j ? position - j : j - position;
+        row[j] -= slope * static_cast<T>(distance);
+      }
+    }
+  }
+  if (p.mask.defined()) apply_mask<T>(p.mask, mask_at[h], i0, j0, s, rows, cols, ld);
+  if (p.bounded_left()) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t hidden = std::clamp<int64_t>(i0 + r + p.left_diagonal() - j0, 0, cols);
+      std::fill(s + r * ld, s + r * ld + hidden, -std::numeric_limits<T>::infinity());
+    }
+  }
+}
+
+/// Where a tile crosses the causal diagonal or the window's left edge, it is done in strips of
+/// this many query rows, each only as wide as its rows see: most of the tile's hidden triangles
+/// are never computed.
+constexpr int64_t kDiagonalStrip = 64;
+
+/// Whether the causal diagonal (or the window's right end) or the window's left edge crosses the
+/// tile of queries [i0, i0 + rows) and keys [j0, j0 + cols).
+inline bool crosses_edge(const Problem& p, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  const bool right = p.bounded_right() && i0 + 1 + p.diagonal() - j0 < cols;
+  const bool left = p.bounded_left() && i0 + rows - 1 + p.left_diagonal() > j0;
+  return right || left;
+}
+
+/// The columns [begin, end) of the tile (keys [j0, j0 + cols)) that some query of the strip
+/// [i, i + rows) sees: up to its last row's right limit, from its first row's left limit.
+struct Columns {
+  int64_t begin, end;
+};
+
+inline Columns strip_columns(const Problem& p, int64_t i, int64_t rows, int64_t j0, int64_t cols) {
+  const int64_t end =
+      p.bounded_right() ? std::clamp<int64_t>(i + rows + p.diagonal() - j0, 0, cols) : cols;
+  const int64_t begin =
+      p.bounded_left() ? std::clamp<int64_t>(i + p.left_diagonal() - j0, 0, end) : 0;
+  return {begin, end};
+}
+
+/// Query blocks in the order cheap, dear, cheap, dear... so that the contiguous ranges of items
+/// that at::parallel_for hands each thread carry equal causal work.
+inline int64_t interleaved(int64_t k, int64_t blocks) {
+  return k % 2 == 0 ? k / 2 : blocks - 1 - k / 2;
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention

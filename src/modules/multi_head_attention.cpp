@@ -1,0 +1,203 @@
+#include <attention/multi_head_attention.h>
+
+#include "functional/rotary_cache.h"
+#include "modules/projection.h"
+#include "modules/shared.h"
+
+#include <cmath>
+#include <limits>
+
+namespace attention {
+
+namespace {
+
+constexpr const char* kName = "attention::MultiHeadAttention";
+
+// Folds the key padding mask (B, Tk), true = padding, into the attention mask.
+torch::Tensor combine_masks(const torch::Tensor& attn_mask, const torch::Tensor& key_padding_mask) {
+  if (!key_padding_mask.defined()) return attn_mask;
+  const auto padding = key_padding_mask.unsqueeze(-2).unsqueeze(-3);  // (B, 1, 1, Tk)
+  if (!attn_mask.defined()) return padding;
+  if (attn_mask.scalar_type() == at::kBool) return attn_mask.logical_or(padding);
+  return attn_mask.masked_fill(padding, -std::numeric_limits<double>::infinity());
+}
+
+}  // namespace
+
+MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void MultiHeadAttentionImpl::reset() {
+  const auto& o = options;
+  for (const auto& [value, name] : {std::pair{o.d_in(), "d_in"},
+                                    {o.d_out(), "d_out"},
+                                    {o.num_heads(), "num_heads"},
+                                    {o.num_kv_heads(), "num_kv_heads"},
+                                    {o.d_in_kv(), "d_in_kv"}}) {
+    detail::check_positive(value, name, kName);
+  }
+  TORCH_CHECK_VALUE(o.d_out() % o.num_heads() == 0, kName, ": expected num_heads to divide d_out, ",
+                    "got d_out ", o.d_out(), " and num_heads ", o.num_heads());
+  TORCH_CHECK_VALUE(o.num_heads() % o.num_kv_heads() == 0, kName,
+                    ": expected num_kv_heads to divide num_heads, got num_heads ", o.num_heads(),
+                    " and num_kv_heads ", o.num_kv_heads());
+  TORCH_CHECK_VALUE(o.context_length() >= 0, kName, ": expected context_length >= 0, got ",
+                    o.context_length());
+  TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, kName,
+                    ": expected dropout in [0, 1), got ", o.dropout());
+  TORCH_CHECK_VALUE(!o.sliding_window() || *o.sliding_window() >= 1, kName,
+                    ": expected sliding_window >= 1 (unset for none), got ", *o.sliding_window());
+  TORCH_CHECK_VALUE(!o.softcap() || (std::isfinite(*o.softcap()) && *o.softcap() > 0.0), kName,
+                    ": expected a finite softcap > 0 (unset for none), got ", *o.softcap());
+  alibi_slopes_ = o.alibi() ? functional::alibi_slopes(o.num_heads()) : torch::Tensor();
+  rotary_ = o.rope() ? std::make_shared<detail::RotaryCache>(
+                           detail::resolve_rotary(*o.rope(), head_dim(), kName))
+                     : nullptr;
+  const int64_t kv_dim = o.num_kv_heads() * head_dim();
+  using torch::nn::LinearOptions;
+  W_query = register_module(
+      "W_query", torch::nn::Linear(LinearOptions(o.d_in(), o.d_out()).bias(o.qkv_bias())));
+  W_key = register_module("W_key",
+                          torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
+  W_value = register_module(
+      "W_value", torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
+  if (o.output_projection()) {
+    out_proj = register_module(
+        "out_proj", torch::nn::Linear(LinearOptions(o.d_out(), o.d_out()).bias(o.out_bias())));
+  }
+  // Drawn after out_proj, so that the other parameters keep the book's seeded values.
+  sinks = o.sinks() ? register_parameter("sinks", torch::randn({o.num_heads()}) * 0.02)
+                    : torch::Tensor();
+}
+
+functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
+    functional::ScaledDotProductAttentionOptions attention) const {
+  const auto& o = options;
+  attention.causal_alignment(o.causal_alignment()).softcap(o.softcap());
+  if (o.sliding_window()) {
+    attention.window_left(*o.sliding_window() - 1);
+    if (!o.causal()) attention.window_right(*o.sliding_window() - 1);
+  }
+  if (alibi_slopes_.defined()) attention.alibi_slopes(alibi_slopes_);
+  if (sinks.defined()) attention.sinks(sinks);
+  return attention;
+}
+
+void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
+  const auto& o = options;
+  stream << kName << "(d_in=" << o.d_in() << ", d_out=" << o.d_out()
+         << ", num_heads=" << o.num_heads() << ", num_kv_heads=" << o.num_kv_heads()
+         << ", context_length=" << o.context_length() << ", dropout=" << o.dropout()
+         << ", qkv_bias=" << std::boolalpha << o.qkv_bias() << ", out_bias=" << o.out_bias()
+         << ", causal=" << o.causal() << ", d_in_kv=" << o.d_in_kv();
+  if (o.causal_alignment() == functional::CausalAlignment::TopLeft) {
+    stream << ", causal_alignment=TopLeft";
+  }
+  if (o.sliding_window()) stream << ", sliding_window=" << *o.sliding_window();
+  if (o.softcap()) stream << ", softcap=" << *o.softcap();
+  if (o.alibi()) stream << ", alibi=true";
+  if (o.sinks()) stream << ", sinks=true";
+  if (rotary_) {
+    const auto& r = rotary_->options();
+    stream << ", rope(theta=" << r.theta() << ", rotary_dim=" << r.rotary_dim() << ", layout="
+           << (r.layout() == functional::RotaryLayout::HalfSplit ? "HalfSplit" : "Interleaved")
+           << (r.llama3_scaling() ? ", llama3_scaling" : "") << ")";
+  }
+  stream << ")";
+}
+
+functional::AttentionOutput MultiHeadAttentionImpl::forward(
+    const torch::Tensor& x, const MultiHeadAttentionForwardOptions& forward_options) {
+  using detail::shape_str;
+  const auto& weight = W_query->weight;
+  detail::check_module_input(x, options.d_in(), weight, kName, "input");
+  const bool unbatched = x.dim() == 2;
+  const auto batched = [&](const torch::Tensor& t) { return unbatched ? t.unsqueeze(0) : t; };
+  const torch::Tensor xb = batched(x);
+  torch::Tensor source = xb;
+  if (forward_options.context().defined()) {
+    const auto& context = forward_options.context();
+    detail::check_module_input(context, options.d_in_kv(), weight, kName, "context");
+    detail::check_same_batch(x, context, kName, "x", "context");
+    source = batched(context);
+  }
+  auto* const sliding = forward_options.sliding_kv_cache();
+  TORCH_CHECK_VALUE(!(sliding && forward_options.kv_cache()), kName,
+                    ": expected at most one of kv_cache and sliding_kv_cache, got both");
+  if (sliding && options.sliding_window()) {
+    TORCH_CHECK_VALUE(sliding->sink_tokens() == 0 && sliding->window() >= *options.sliding_window(),
+                      kName, ": expected a sliding_kv_cache of window >= sliding_window = ",
+                      *options.sliding_window(), " and no sink tokens, got window ",
+                      sliding->window(), " and ", sliding->sink_tokens(), " sink tokens");
+  }
+  TORCH_CHECK_VALUE(!rotary_ || !forward_options.context().defined(), kName,
+                    ": rotary embeddings need queries and keys of one sequence; got a context "
+                    "(cross-attention): use a module without rope for it");
+  const int64_t B = xb.size(0), t_q = xb.size(1), H = options.num_heads();
+  const int64_t H_kv = options.num_kv_heads(), hd = head_dim();
+
+  const auto [q, k, v] = detail::project_qkv(W_query, W_key, W_value, xb, source, &workspace_);
+  auto queries = q.view({B, t_q, H, hd}).transpose(1, 2);
+  auto keys = k.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
+  auto values = v.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
+  if (rotary_) {
+    // After a cache's tokens, the new ones continue their positions.
+    const int64_t past = forward_options.kv_cache() ? forward_options.kv_cache()->length()
+                         : sliding                  ? sliding->position()
+                                                    : 0;
+    auto [cos, sin] = rotary_->rows(past, t_q, queries.scalar_type(), queries.device());
+    queries = detail::rotate(queries, cos, sin, rotary_->options().layout());
+    keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
+  }
+  if (forward_options.kv_cache()) {
+    std::tie(keys, values) = forward_options.kv_cache()->append(keys, values);
+  }
+  if (sliding) std::tie(keys, values) = sliding->append(keys, values);
+  const int64_t t_k = keys.size(2);
+  TORCH_CHECK_VALUE(options.context_length() == 0 || t_k <= options.context_length(), kName,
+                    ": expected at most context_length = ", options.context_length(), " keys, got ",
+                    t_k);
+
+  const auto& padding = forward_options.key_padding_mask();
+  if (padding.defined()) {
+    const auto expected = unbatched ? std::vector<int64_t>{t_k} : std::vector<int64_t>{B, t_k};
+    TORCH_CHECK_TYPE(padding.scalar_type() == at::kBool, kName,
+                     ": expected key_padding_mask of dtype bool (true = padding), got ",
+                     padding.scalar_type());
+    TORCH_CHECK_VALUE(padding.sizes() == c10::IntArrayRef(expected), kName,
+                      ": expected key_padding_mask ", shape_str(expected), ", got ",
+                      shape_str(padding.sizes()));
+  }
+  const auto& attn_mask = forward_options.attn_mask();
+  if (attn_mask.defined()) {
+    const auto scores =
+        unbatched ? std::vector<int64_t>{H, t_q, t_k} : std::vector<int64_t>{B, H, t_q, t_k};
+    TORCH_CHECK_VALUE(detail::broadcastable_to(attn_mask.sizes(), scores), kName,
+                      ": expected attn_mask broadcastable to ", shape_str(scores), ", got ",
+                      shape_str(attn_mask.sizes()));
+  }
+
+  auto attention = functional::scaled_dot_product_attention(
+      queries, keys, values,
+      variants(
+          functional::ScaledDotProductAttentionOptions()
+              .attn_mask(combine_masks(attn_mask, padding.defined() ? batched(padding) : padding))
+              .is_causal(options.causal())
+              .dropout_p(is_training() ? options.dropout() : 0.0)
+              .need_weights(forward_options.need_weights())
+              .backend(forward_options.backend())));
+
+  auto context_vec = attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()});
+  auto output = out_proj ? detail::project(out_proj, context_vec) : context_vec;
+  auto weights = attention.weights;
+  if (weights.defined() && forward_options.average_attn_weights()) weights = weights.mean(1);
+  if (unbatched) {
+    output = output.squeeze(0);
+    if (weights.defined()) weights = weights.squeeze(0);
+  }
+  return {output, weights};
+}
+
+}  // namespace attention

@@ -1,0 +1,219 @@
+// The modules' projections with their large tensors in memory that is cheap to fault in: in
+// inference a reused workspace or huge pages; in training huge pages for the output and, in
+// backward, the input's gradient. Autograd keeps a training step's projections until the
+// backward, so they cannot come from a reused workspace; what they can avoid is being faulted in
+// 4 KiB at a time on every step, which on these machines costs as much as a tenth of the step.
+// The products themselves go to the generated kernels where those beat this machine's BLAS and
+// take the shapes (gemm/large_gemm.h), and to LibTorch's BLAS everywhere else.
+
+#include "modules/projection.h"
+#include "checks.h"
+#include "gemm/large_gemm.h"
+#include "memory/empty_large.h"
+
+#include <torch/autograd.h>
+#include <torch/torch.h>
+
+#include <array>
+
+namespace attention {
+namespace detail {
+namespace {
+
+using torch::Tensor;
+
+// rows: x as (rows, in) without a copy (x is contiguous here).
+Tensor rows_of(const Tensor& x) {
+  return x.view({-1, x.size(-1)});
+}
+
+// c = op(a) b (op(a) = a^T when trans_a), or c += op(a) b when `accumulate`, on the generated
+// kernels; false, c untouched, where they do not take it (BLAS preferred on this machine, another
+// device or type, a non-contiguous operand, sides not multiples of 16).
+bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c,
+                  bool accumulate = false) {
+  if (!kernels::cpu::large_gemm_preferred()) return false;
+  const auto type = c.scalar_type();
+  if (!c.device().is_cpu() || (type != at::kFloat && type != at::kDouble)) return false;
+  const auto usable = [&](const Tensor& t) {
+    return t.scalar_type() == type && t.device().is_cpu() && t.is_contiguous();
+  };
+  if (!usable(a) || !usable(b) || !usable(c)) return false;
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  return AT_DISPATCH_FLOATING_TYPES(type, "attention::generated_mm", [&] {
+    return kernels::cpu::large_gemm<scalar_t>(
+        trans_a, c.size(0), c.size(1), k, a.data_ptr<scalar_t>(), a.size(1), b.data_ptr<scalar_t>(),
+        b.size(1), c.data_ptr<scalar_t>(), c.size(1), accumulate);
+  });
+}
+
+// out = x W^T + b, written into `out` (x's shape with weight.size(0) last); bias may be undefined.
+void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  auto out_rows = out.view({-1, weight.size(0)});
+  // The generated kernels take B untransposed: W^T once per call (d_in x d_out, small beside x),
+  // made only where they are the route and for the types they take.
+  const bool generated_type = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
+  if (generated_type && kernels::cpu::large_gemm_preferred() &&
+      generated_mm(false, rows_of(x), weight.t().contiguous(), out_rows)) {
+    if (bias.defined()) out_rows.add_(bias);
+    return;
+  }
+  if (bias.defined()) {
+    at::addmm_out(out_rows, bias, rows_of(x), weight.t());
+  } else {
+    at::mm_out(out_rows, rows_of(x), weight.t());
+  }
+}
+
+// x's sizes with the last one `features`.
+std::vector<int64_t> output_sizes(const Tensor& x, int64_t features) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = features;
+  return sizes;
+}
+
+// The gradients of y = x W^T + b for the upstream `grad`, those asked for: x's summed into `dx`
+// (made on first use, so several projections of one x write one gradient), W's into `dw`, b's
+// into `db`.
+void linear_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, bool need_x,
+                     bool need_weight, bool need_bias, Tensor& dx, Tensor& dw, Tensor& db) {
+  Tensor g = grad.reshape({-1, weight.size(0)});
+  if (torch::GradMode::is_enabled()) {  // create_graph: differentiable ops
+    if (need_x) {
+      const Tensor d = g.mm(weight).view(x.sizes());
+      dx = dx.defined() ? dx + d : d;
+    }
+    if (need_weight) dw = g.t().mm(rows_of(x));
+    if (need_bias) db = g.sum(0);
+    return;
+  }
+  // The upstream of a sum is one value expanded: made contiguous (one pass) for the products.
+  if (!g.is_contiguous()) g = empty_large(g.sizes(), g.options()).copy_(g);
+  if (need_x) {
+    const bool accumulate = dx.defined();
+    if (!accumulate) dx = empty_large(x.sizes(), x.options());
+    auto dx_rows = rows_of(dx);
+    if (!generated_mm(false, g, weight, dx_rows, accumulate)) {
+      if (accumulate) {
+        at::addmm_out(dx_rows, dx_rows, g, weight);
+      } else {
+        at::mm_out(dx_rows, g, weight);
+      }
+    }
+  }
+  if (need_weight) {
+    dw = torch::empty_like(weight, at::MemoryFormat::Contiguous);
+    if (!generated_mm(true, g, rows_of(x), dw)) at::mm_out(dw, g.t(), rows_of(x));
+  }
+  if (need_bias) db = g.sum(0);
+}
+
+// Without a bias, `bias` is an empty placeholder (LibTorch's autograd takes no undefined inputs);
+// it records no gradient, so none is asked of it.
+Tensor bias_or_none(const Tensor& bias) {
+  return bias.numel() > 0 ? bias : Tensor();
+}
+
+Tensor placeholder_for(const Tensor& bias, const Tensor& weight) {
+  return bias.defined() ? bias : torch::empty({0}, weight.options());
+}
+
+class LargeLinear : public torch::autograd::Function<LargeLinear> {
+ public:
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
+                        const Tensor& weight, const Tensor& bias) {
+    Tensor out = empty_large(output_sizes(x, weight.size(0)), x.options());
+    linear_into(out, x, weight, bias_or_none(bias));
+    ctx->save_for_backward({x, weight});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    Tensor dx, dw, db;
+    linear_backward(grads[0], saved[0], saved[1], ctx->needs_input_grad(0),
+                    ctx->needs_input_grad(1), ctx->needs_input_grad(2), dx, dw, db);
+    return {dx, dw, db};
+  }
+};
+
+// Three projections of one x (a self-attention's queries, keys and values) as one node, whose
+// backward sums the three products into one gradient of x. As three nodes they would hand
+// autograd three gradients of x to add, and LibTorch 1.13's autograd adds each into fresh memory
+// (two passes over B*T*d_in elements and two fresh buffers per step).
+class LargeLinear3 : public torch::autograd::Function<LargeLinear3> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const Tensor& x, const Tensor& w0, const Tensor& b0,
+                                                const Tensor& w1, const Tensor& b1,
+                                                const Tensor& w2, const Tensor& b2) {
+    torch::autograd::variable_list out;
+    for (const auto& [weight, bias] : {std::pair{w0, b0}, {w1, b1}, {w2, b2}}) {
+      out.push_back(empty_large(output_sizes(x, weight.size(0)), x.options()));
+      linear_into(out.back(), x, weight, bias_or_none(bias));
+    }
+    ctx->save_for_backward({x, w0, w1, w2});
+    ctx->set_materialize_grads(false);  // an output left out of the loss: no zeros multiplied
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    torch::autograd::variable_list result(7);
+    for (int i = 0; i < 3; ++i) {
+      if (!grads[i].defined()) continue;  // an output that took no part in the loss
+      linear_backward(grads[i], saved[0], saved[1 + i], ctx->needs_input_grad(0),
+                      ctx->needs_input_grad(1 + 2 * i), ctx->needs_input_grad(2 + 2 * i), result[0],
+                      result[1 + 2 * i], result[2 + 2 * i]);
+    }
+    return result;
+  }
+};
+
+// Whether projections of x by `params` train through the autograd functions above: a gradient
+// recorded on a contiguous CPU x (elsewhere linear() records its own).
+template <typename... Params>
+bool trains_large(const Tensor& x, const Params&... params) {
+  return x.is_contiguous() && x.device().is_cpu() && records_grad(x, params...);
+}
+
+}  // namespace
+
+Tensor project(const torch::nn::Linear& linear, const Tensor& x, Workspace* workspace, int slot) {
+  const auto& weight = linear->weight;
+  const auto& bias = linear->bias;
+  if (trains_large(x, weight, bias)) return linear_large(x, weight, bias);
+  if (!x.is_contiguous() || records_grad(x, weight, bias)) {
+    return torch::nn::functional::linear(x, weight, bias);
+  }
+  const auto sizes = output_sizes(x, weight.size(0));
+  Tensor out =
+      workspace ? workspace->take(slot, sizes, x.options()) : empty_large(sizes, x.options());
+  linear_into(out, x, weight, bias);
+  return out;
+}
+
+Tensor linear_large(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return LargeLinear::apply(x, weight, placeholder_for(bias, weight));
+}
+
+std::array<Tensor, 3> project_qkv(const torch::nn::Linear& query, const torch::nn::Linear& key,
+                                  const torch::nn::Linear& value, const Tensor& x,
+                                  const Tensor& source, Workspace* workspace) {
+  const auto& w0 = query->weight;
+  const auto& w1 = key->weight;
+  const auto& w2 = value->weight;
+  if (source.is_same(x) && trains_large(x, w0, query->bias, w1, key->bias, w2, value->bias)) {
+    const auto out =
+        LargeLinear3::apply(x, w0, placeholder_for(query->bias, w0), w1,
+                            placeholder_for(key->bias, w1), w2, placeholder_for(value->bias, w2));
+    return {out[0], out[1], out[2]};
+  }
+  return {project(query, x, workspace, 0), project(key, source, workspace, 1),
+          project(value, source, workspace, 2)};
+}
+
+}  // namespace detail
+}  // namespace attention
