@@ -5,6 +5,9 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <limits>
+
 namespace attention {
 namespace detail {
 
@@ -43,6 +46,16 @@ void check_same_batch(const torch::Tensor& a, const torch::Tensor& b, const char
 
 void check_positive(int64_t value, const char* name, const char* module) {
   TORCH_CHECK_VALUE(value > 0, module, ": expected ", name, " > 0, got ", value);
+}
+
+bool fits_in_bytes(c10::IntArrayRef sizes, int64_t element_size) {
+  if (std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) return true;
+  int64_t bytes = element_size;
+  for (const int64_t size : sizes) {
+    if (bytes > std::numeric_limits<int64_t>::max() / size) return false;
+    bytes *= size;
+  }
+  return true;
 }
 
 QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv, int64_t d_out_kq,

@@ -36,6 +36,10 @@ void check_same_batch(const torch::Tensor& a, const torch::Tensor& b, const char
 /// Checks that a constructor argument is positive.
 void check_positive(int64_t value, const char* name, const char* module);
 
+/// Whether a tensor of `sizes` (each >= 0) with elements of `element_size` bytes holds at most
+/// 2^63 - 1 bytes, computed without overflow.
+bool fits_in_bytes(c10::IntArrayRef sizes, int64_t element_size);
+
 /// A cache's append: keys and values of one shape (B, Hkv, T, head_dim), floating, of one dtype
 /// and device, and, once the cache holds tokens (`cached` defined), like those.
 void check_cache_append(const torch::Tensor& keys, const torch::Tensor& values,
