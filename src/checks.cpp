@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <limits>
+
 namespace attention {
 namespace detail {
 
@@ -16,6 +19,16 @@ bool broadcastable_to(c10::IntArrayRef from, c10::IntArrayRef to) {
   for (size_t i = 1; i <= from.size(); ++i) {
     const int64_t f = from[from.size() - i], t = to[to.size() - i];
     if (f != t && f != 1) return false;
+  }
+  return true;
+}
+
+bool fits_in_bytes(c10::IntArrayRef sizes, int64_t element_size) {
+  if (std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) return true;
+  int64_t bytes = element_size;
+  for (const int64_t size : sizes) {
+    if (bytes > std::numeric_limits<int64_t>::max() / size) return false;
+    bytes *= size;
   }
   return true;
 }

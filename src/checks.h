@@ -8,6 +8,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/ArrayRef.h>
 
+#include <cstdint>
 #include <string>
 
 namespace attention {
@@ -19,6 +20,10 @@ ATTENTION_API std::string shape_str(c10::IntArrayRef sizes);
 
 /// True when a tensor of shape `from` broadcasts to `to` without changing `to`.
 bool broadcastable_to(c10::IntArrayRef from, c10::IntArrayRef to);
+
+/// Whether a tensor of `sizes` (each >= 0) with elements of `element_size` bytes holds at most
+/// 2^63 - 1 bytes, computed without overflow.
+bool fits_in_bytes(c10::IntArrayRef sizes, int64_t element_size);
 
 /// Whether autograd records an op on these tensors: grad mode is on and a defined one of them
 /// requires a gradient. By reference: no reference count changes on the article-sized path.

@@ -282,7 +282,7 @@ std::vector<BadInput> cases() {
        [] {
          F::apply_rotary(torch::randn({5, 8}), torch::arange(5), F::RotaryOptions().theta(0.0));
        },
-       Kind::Value, "expected a finite rotary theta > 0, got 0"},
+       Kind::Value, "expected a finite rotary theta > 1, got 0"},
       {"apply_rotary: positions per token",
        [] {
          F::apply_rotary(torch::randn({2, 5, 8}), torch::arange(6));

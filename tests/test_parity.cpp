@@ -70,6 +70,7 @@ TEST_CASE("parity: a block of LayerNorm and MultiHeadAttention matches Python in
   const ParityCase recorded = load_parity_case(case_dir("block_float64"));
   CHECK(recorded.name == "block_float64");
   CHECK(recorded.dtype == "float64");
+  CHECK(recorded.scalar_type == c10::optional<at::ScalarType>(torch::kFloat64));
   CHECK(recorded.gradients);
   CHECK(recorded.seed == c10::optional<int64_t>(7));
   Block block(16, 4);
@@ -223,6 +224,30 @@ TEST_CASE("parity: bad case folders are refused with the file and the reason", "
             "inputs": ["x"], "outputs": ["0"], "parameters": []})";
   CHECK_THROWS_C10(load_parity_case(other.string()), c10::Error,
                    "': 'rtol' must be a finite number >= 0, got -1");
+}
+
+TEST_CASE("parity: a truncated, empty or malformed manifest is reported as such", "[parity]") {
+  const fs::path other = fs::temp_directory_path() / "attention-parity-truncated";
+  fs::remove_all(other);
+  fs::copy(case_dir("gqa_float32"), other, fs::copy_options::recursive);
+  const std::string whole = test::read_bytes((other / "manifest.json").string());
+  const std::string path = (other / "manifest.json").string();
+  // Cut anywhere inside the document, the file is truncated, not "not a JSON object".
+  for (const size_t cut : {size_t{1}, whole.size() / 2, whole.size() - 2}) {
+    INFO("cut at " << cut << " of " << whole.size() << " bytes");
+    std::ofstream(path, std::ios::trunc) << whole.substr(0, cut);
+    CHECK_THROWS_C10(load_parity_case(other.string()), c10::Error,
+                     "attention::testing::load_parity_case: '" + path + "' is truncated: its " +
+                         std::to_string(cut) + " bytes end inside the JSON document");
+  }
+  std::ofstream(path, std::ios::trunc) << "";
+  CHECK_THROWS_C10(load_parity_case(other.string()), c10::Error, "'" + path + "' is empty");
+  std::ofstream(path, std::ios::trunc) << R"({"format": "attention-parity",, "x": 1})";
+  CHECK_THROWS_C10(load_parity_case(other.string()), c10::Error,
+                   "'" + path + "' is not valid JSON: parse error at line 1, column 31");
+  std::ofstream(path, std::ios::trunc) << R"([1, 2])";
+  CHECK_THROWS_C10(load_parity_case(other.string()), c10::Error,
+                   "'" + path + "' is not a JSON object");
 }
 
 TEST_CASE("parity: parity_main runs one case and says how it went", "[parity]") {

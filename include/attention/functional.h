@@ -79,10 +79,12 @@ struct ScaledDotProductAttentionOptions {
   /// Sliding window: the query at position i sees no key j < i - window_left (flash-attn's
   /// `window_size[0]`). A window of W keys ending at the query itself, as the `sliding_window`
   /// of Mistral's and Gemma's configurations, is window_left = W - 1 with is_causal. Unset: no
-  /// bound; must be >= 0.
+  /// bound; must be >= 0, and may be up to INT64_MAX (one of max(Tq, Tk) or more hides
+  /// nothing).
   TORCH_ARG(c10::optional<int64_t>, window_left) = c10::nullopt;
   /// The query at position i sees no key j > i + window_right (flash-attn's `window_size[1]`);
-  /// with is_causal the bound is i whatever this holds. Unset: no bound; must be >= 0.
+  /// with is_causal the bound is i whatever this holds. Unset: no bound; must be >= 0, and may be
+  /// up to INT64_MAX (one of max(Tq, Tk) or more hides nothing).
   TORCH_ARG(c10::optional<int64_t>, window_right) = c10::nullopt;
   /// ALiBi: one slope m_h per query head (H,), adding -m_h * |pos(i) - j| to the scaled scores of
   /// head h (Press et al.; flash-attn's `alibi_slopes`). See alibi_slopes() for the standard ones.
@@ -112,7 +114,8 @@ struct ScaledDotProductAttentionOptions {
 /// ALiBi's standard slopes for `num_heads` heads (float64, (num_heads,)): the geometric sequence
 /// 2^(-8/n), 2^(-16/n), ... for n = num_heads a power of two; otherwise those of the largest
 /// power of two n below num_heads, followed by every other slope of 2n (as the ALiBi paper's
-/// code and Hugging Face's `build_alibi_tensor` compute them).
+/// code and Hugging Face's `build_alibi_tensor` compute them). Throws c10::ValueError unless
+/// 0 < num_heads <= kMaxAlibiHeads.
 ///
 /// Example:
 /// \code
@@ -123,6 +126,10 @@ struct ScaledDotProductAttentionOptions {
 ///                  F::alibi_slopes(8).to(torch::kFloat)));
 /// \endcode
 ATTENTION_API torch::Tensor alibi_slopes(int64_t num_heads);
+
+/// The most heads alibi_slopes() makes slopes for (2^24: 128 MiB of float64; far beyond any
+/// model, and short of the sizes where the power-of-two search would overflow).
+constexpr int64_t kMaxAlibiHeads = int64_t{1} << 24;
 
 /// What scaled_dot_product_attention() returns.
 struct AttentionOutput {

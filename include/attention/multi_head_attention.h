@@ -103,6 +103,8 @@ struct MultiHeadAttentionForwardOptions {
   /// Bool (B, Tk), true = padding: those keys are hidden from every query.
   TORCH_ARG(torch::Tensor, key_padding_mask) = {};
   /// Append this call's keys and values to the cache and attend to everything cached. Not owned.
+  /// Either cache needs causal_alignment BottomRight when the alignment matters (causal, a
+  /// sliding window or ALiBi); a forward that is refused leaves the cache as it was.
   TORCH_ARG(KVCachePointer, kv_cache) = nullptr;
   /// Or append to a cache that keeps only what a sliding window needs (and sink tokens). With
   /// `sliding_window(W)`, its window must be at least W and it must keep no sink tokens. Not owned.

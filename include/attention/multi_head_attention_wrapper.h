@@ -16,6 +16,10 @@
 
 namespace attention {
 
+/// The most heads MultiHeadAttentionWrapper builds: each head is a module of its own, so a count
+/// beyond this is refused before the first is made instead of filling memory one module at a time.
+constexpr int64_t kMaxWrapperHeads = 65536;
+
 /// Options of MultiHeadAttentionWrapper.
 struct MultiHeadAttentionWrapperOptions {
   /// The four sizes, as the article's constructor takes them.
@@ -28,7 +32,7 @@ struct MultiHeadAttentionWrapperOptions {
   TORCH_ARG(int64_t, d_out_kq);
   /// Value size of each head; the output has num_heads * d_out_v features.
   TORCH_ARG(int64_t, d_out_v);
-  /// Number of heads.
+  /// Number of heads: 1 to kMaxWrapperHeads.
   TORCH_ARG(int64_t, num_heads);
 };
 

@@ -29,19 +29,20 @@ enum class RotaryLayout {
 /// than original_context_length / low_freq_factor are divided by `factor`, those shorter than
 /// original_context_length / high_freq_factor are kept, and those between blend the two.
 struct Llama3RopeScaling {
-  /// Scaling of the low frequencies (8 in Llama 3.1).
+  /// Scaling of the low frequencies (8 in Llama 3.1): finite and >= 1.
   TORCH_ARG(double, factor) = 8.0;
   /// Wavelengths above original_context_length / low_freq_factor are scaled (1 in Llama 3.1).
   TORCH_ARG(double, low_freq_factor) = 1.0;
   /// Wavelengths below original_context_length / high_freq_factor are kept (4 in Llama 3.1).
   TORCH_ARG(double, high_freq_factor) = 4.0;
-  /// The context length the model was first trained at (8192 in Llama 3.1).
+  /// The context length the model was first trained at (8192 in Llama 3.1): 1 to INT64_MAX.
   TORCH_ARG(int64_t, original_context_length) = 8192;
 };
 
 /// Options of apply_rotary() and of MultiHeadAttentionOptions::rope.
 struct RotaryOptions {
-  /// The base of the frequencies, `rope_theta` in Hugging Face configurations.
+  /// The base of the frequencies, `rope_theta` in Hugging Face configurations: finite and > 1
+  /// (at 1 every frequency would be 1; below 1 they would grow with the feature index).
   TORCH_ARG(double, theta) = 10000.0;
   /// How many leading features of each head are rotated (partial rotary, as GPT-NeoX's
   /// `rotary_pct` and Phi's `partial_rotary_factor`); the rest pass unchanged. 0: all of them.
@@ -55,10 +56,19 @@ struct RotaryOptions {
 
 /// The rotation frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2, after scaling: float64,
 /// (rotary_dim / 2,). `rotary_dim` must be resolved (> 0).
+///
+/// Throws c10::ValueError for a rotary_dim that is not even and > 0, a theta that is not finite
+/// and > 1, or llama3_scaling outside its bounds (see Llama3RopeScaling).
 ATTENTION_API torch::Tensor rotary_frequencies(const RotaryOptions& options);
 
 /// cos and sin of the angles position x frequency, (T, rotary_dim / 2) each, computed in float64
-/// and rounded once to `dtype`. `positions`: (T,) integers.
+/// and rounded once to `dtype`. `positions`: (T,) integers, any int64 value; each position is
+/// converted to float64 and multiplied by its frequency there, so an angle carries a relative
+/// error of about 2^-53 (absolute error grows with the position: about 1e-7 radians at 2^31).
+///
+/// Throws c10::TypeError for non-integer positions or a `dtype` that is not floating;
+/// c10::ValueError for positions that are not (T,) and for the options rotary_frequencies()
+/// refuses.
 ATTENTION_API std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& positions,
                                                                     const RotaryOptions& options,
                                                                     at::ScalarType dtype);

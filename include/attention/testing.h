@@ -52,6 +52,10 @@ struct ParityCase {
   std::string torch_version;
   /// The outputs' dtype, as Python names it ("float32", "float64", ...).
   std::string dtype;
+  /// The same dtype as LibTorch's type (e.g. torch::kFloat64 for "float64"), to convert a module
+  /// or inputs with; unset when the manifest names no dtype. load_parity_case() refuses a name
+  /// that is not one of torch's dtypes.
+  c10::optional<at::ScalarType> scalar_type;
   /// The seed the recording script said it used, if it said.
   c10::optional<int64_t> seed;
   /// Relative tolerance of every comparison: |C++ - Python| <= atol + rtol * |Python|,

@@ -45,7 +45,7 @@ class ATTENTION_API Workspace {
   /// An uninitialized contiguous tensor of `sizes` for temporary `slot` (0 <= slot < 16): a view
   /// of the slot's buffer when that buffer is free, large enough, and of the same dtype and
   /// device; otherwise from a new buffer that the slot keeps. Throws c10::ValueError for a slot
-  /// out of range or a negative size.
+  /// out of range, a negative size, or sizes of more than 2^63 - 1 bytes.
   torch::Tensor take(int slot, c10::IntArrayRef sizes, const torch::TensorOptions& options);
 
   /// Drops every buffer; memory still used by a tensor is freed when that tensor goes.

@@ -79,6 +79,9 @@ AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const
 torch::Tensor alibi_slopes(int64_t num_heads) {
   TORCH_CHECK_VALUE(num_heads > 0,
                     "attention::functional::alibi_slopes: expected num_heads > 0, got ", num_heads);
+  TORCH_CHECK_VALUE(num_heads <= kMaxAlibiHeads,
+                    "attention::functional::alibi_slopes: expected num_heads <= 2^24, got ",
+                    num_heads);
   // The largest power of two n <= num_heads gets 2^(-8k/n), k = 1..n; the remaining heads take
   // the odd-numbered slopes 2^(-4k/n), k = 1, 3, 5, ... of the sequence for 2n heads.
   int64_t n = 1;

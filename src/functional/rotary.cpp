@@ -16,11 +16,21 @@ namespace functional {
 namespace {
 
 constexpr const char* kApply = "attention::functional::apply_rotary";
+constexpr const char* kFrequencies = "attention::functional::rotary_frequencies";
+constexpr const char* kTables = "attention::functional::rotary_tables";
 constexpr double kPi = 3.14159265358979323846;
 
+// theta > 1: at theta = 1 every frequency is 1 (no position is told apart beyond 2 pi), below
+// 1 the frequencies grow with the feature index instead of falling.
+void check_theta(double theta, const char* caller) {
+  TORCH_CHECK_VALUE(std::isfinite(theta) && theta > 1.0, caller,
+                    ": expected a finite rotary theta > 1, got ", theta);
+}
+
+// factor >= 1: the scaling lowers the low frequencies (a longer context), never raises them.
 void check_scaling(const Llama3RopeScaling& s, const char* caller) {
-  TORCH_CHECK_VALUE(std::isfinite(s.factor()) && s.factor() > 0.0, caller,
-                    ": expected a finite llama3_scaling factor > 0, got ", s.factor());
+  TORCH_CHECK_VALUE(std::isfinite(s.factor()) && s.factor() >= 1.0, caller,
+                    ": expected a finite llama3_scaling factor >= 1, got ", s.factor());
   TORCH_CHECK_VALUE(std::isfinite(s.low_freq_factor()) && std::isfinite(s.high_freq_factor()) &&
                         s.low_freq_factor() > 0.0 && s.high_freq_factor() > s.low_freq_factor(),
                     caller,
@@ -29,6 +39,49 @@ void check_scaling(const Llama3RopeScaling& s, const char* caller) {
   TORCH_CHECK_VALUE(s.original_context_length() > 0, caller,
                     ": expected llama3_scaling original_context_length > 0, got ",
                     s.original_context_length());
+}
+
+// The options of the tables, rotary_dim resolved: what rotary_frequencies and rotary_tables
+// check before they compute.
+void check_resolved(const RotaryOptions& options, const char* caller) {
+  check_theta(options.theta(), caller);
+  TORCH_CHECK_VALUE(options.rotary_dim() > 0 && options.rotary_dim() % 2 == 0, caller,
+                    ": expected an even rotary_dim > 0, got ", options.rotary_dim());
+  if (options.llama3_scaling()) check_scaling(*options.llama3_scaling(), caller);
+}
+
+void check_position_dtype(const torch::Tensor& positions, const char* caller) {
+  TORCH_CHECK_TYPE(!positions.is_floating_point() && !positions.is_complex() &&
+                       positions.scalar_type() != at::kBool,
+                   caller, ": expected integer positions, got ", positions.scalar_type());
+}
+
+// The frequencies of checked options.
+torch::Tensor frequencies(const RotaryOptions& options) {
+  const int64_t r = options.rotary_dim();
+  auto freq = torch::pow(options.theta(),
+                         -torch::arange(0, r, 2, torch::TensorOptions().dtype(torch::kDouble)) / r);
+  if (!options.llama3_scaling()) return freq;
+  const auto& s = *options.llama3_scaling();
+  const double old = static_cast<double>(s.original_context_length());
+  const double low_wavelength = old / s.low_freq_factor();
+  const double high_wavelength = old / s.high_freq_factor();
+  const auto wavelength = 2 * kPi / freq;
+  // Between the two wavelengths the scaled and the kept frequency are blended linearly in
+  // old / wavelength.
+  const auto smooth =
+      (old / wavelength - s.low_freq_factor()) / (s.high_freq_factor() - s.low_freq_factor());
+  const auto blended = (1 - smooth) * freq / s.factor() + smooth * freq;
+  auto scaled = torch::where(wavelength > low_wavelength, freq / s.factor(), blended);
+  return torch::where(wavelength < high_wavelength, freq, scaled);
+}
+
+// The tables of checked options and positions.
+std::pair<torch::Tensor, torch::Tensor> tables(const torch::Tensor& positions,
+                                               const RotaryOptions& options, at::ScalarType dtype) {
+  const auto freq = frequencies(options).to(positions.device());
+  const auto angles = positions.to(torch::kDouble).unsqueeze(-1) * freq;
+  return {angles.cos().to(dtype), angles.sin().to(dtype)};
 }
 
 }  // namespace
@@ -40,8 +93,7 @@ namespace detail {
 // Checks `options` against a head of `head_dim` features and resolves rotary_dim 0 to it.
 functional::RotaryOptions resolve_rotary(functional::RotaryOptions options, int64_t head_dim,
                                          const char* caller) {
-  TORCH_CHECK_VALUE(std::isfinite(options.theta()) && options.theta() > 0.0, caller,
-                    ": expected a finite rotary theta > 0, got ", options.theta());
+  functional::check_theta(options.theta(), caller);
   if (options.rotary_dim() == 0) options.rotary_dim(head_dim);
   TORCH_CHECK_VALUE(
       options.rotary_dim() > 0 && options.rotary_dim() % 2 == 0 && options.rotary_dim() <= head_dim,
@@ -85,7 +137,7 @@ std::pair<torch::Tensor, torch::Tensor> RotaryCache::rows(int64_t start, int64_t
     // should too): these rows are computed for this call alone.
     const auto positions =
         torch::arange(start, start + count, torch::TensorOptions().dtype(torch::kLong));
-    auto [cos, sin] = functional::rotary_tables(positions, options_, compute);
+    auto [cos, sin] = functional::tables(positions, options_, compute);
     return {cos.to(device), sin.to(device)};
   }
   const std::string key = device.str() + "/" + c10::toString(compute);
@@ -96,7 +148,7 @@ std::pair<torch::Tensor, torch::Tensor> RotaryCache::rows(int64_t start, int64_t
     const int64_t length =
         std::min(kMaxCachedPositions, std::max<int64_t>(start + count, 2 * have));
     const auto positions = torch::arange(length, torch::TensorOptions().dtype(torch::kLong));
-    auto [cos, sin] = functional::rotary_tables(positions, options_, compute);
+    auto [cos, sin] = functional::tables(positions, options_, compute);
     table = {cos.to(device), sin.to(device)};
   }
   return {table.first.narrow(0, start, count), table.second.narrow(0, start, count)};
@@ -107,34 +159,20 @@ std::pair<torch::Tensor, torch::Tensor> RotaryCache::rows(int64_t start, int64_t
 namespace functional {
 
 torch::Tensor rotary_frequencies(const RotaryOptions& options) {
-  TORCH_CHECK_VALUE(
-      options.rotary_dim() > 0 && options.rotary_dim() % 2 == 0,
-      "attention::functional::rotary_frequencies: expected an even rotary_dim > 0, got ",
-      options.rotary_dim());
-  const int64_t r = options.rotary_dim();
-  auto freq = torch::pow(options.theta(),
-                         -torch::arange(0, r, 2, torch::TensorOptions().dtype(torch::kDouble)) / r);
-  if (!options.llama3_scaling()) return freq;
-  const auto& s = *options.llama3_scaling();
-  const double old = static_cast<double>(s.original_context_length());
-  const double low_wavelength = old / s.low_freq_factor();
-  const double high_wavelength = old / s.high_freq_factor();
-  const auto wavelength = 2 * kPi / freq;
-  // Between the two wavelengths the scaled and the kept frequency are blended linearly in
-  // old / wavelength.
-  const auto smooth =
-      (old / wavelength - s.low_freq_factor()) / (s.high_freq_factor() - s.low_freq_factor());
-  const auto blended = (1 - smooth) * freq / s.factor() + smooth * freq;
-  auto scaled = torch::where(wavelength > low_wavelength, freq / s.factor(), blended);
-  return torch::where(wavelength < high_wavelength, freq, scaled);
+  check_resolved(options, kFrequencies);
+  return frequencies(options);
 }
 
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& positions,
                                                       const RotaryOptions& options,
                                                       at::ScalarType dtype) {
-  const auto freq = rotary_frequencies(options).to(positions.device());
-  const auto angles = positions.to(torch::kDouble).unsqueeze(-1) * freq;
-  return {angles.cos().to(dtype), angles.sin().to(dtype)};
+  TORCH_CHECK_VALUE(positions.defined(), kTables, ": expected a defined positions tensor");
+  check_position_dtype(positions, kTables);
+  TORCH_CHECK_VALUE(positions.dim() == 1, kTables, ": expected positions (T,), got ",
+                    detail::shape_str(positions.sizes()));
+  TORCH_CHECK_TYPE(c10::isFloatingType(dtype), kTables, ": expected a floating dtype, got ", dtype);
+  check_resolved(options, kTables);
+  return tables(positions, options, dtype);
 }
 
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& positions,
@@ -145,17 +183,14 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& position
                     detail::shape_str(x.sizes()));
   TORCH_CHECK_TYPE(x.is_floating_point(), kApply, ": expected floating-point x, got ",
                    x.scalar_type());
-  TORCH_CHECK_TYPE(!positions.is_floating_point() && !positions.is_complex() &&
-                       positions.scalar_type() != at::kBool,
-                   kApply, ": expected integer positions, got ", positions.scalar_type());
+  check_position_dtype(positions, kApply);
   TORCH_CHECK_VALUE(positions.dim() == 1 && positions.size(0) == x.size(-2), kApply,
                     ": expected positions (", x.size(-2), ",), one per token of x ",
                     detail::shape_str(x.sizes()), ", got ", detail::shape_str(positions.sizes()));
   TORCH_CHECK(positions.device() == x.device(), kApply, ": expected positions on device ",
               x.device(), ", got ", positions.device());
   const auto resolved = detail::resolve_rotary(options, x.size(-1), kApply);
-  auto [cos, sin] =
-      rotary_tables(positions, resolved, detail::rotary_compute_dtype(x.scalar_type()));
+  auto [cos, sin] = tables(positions, resolved, detail::rotary_compute_dtype(x.scalar_type()));
   return detail::rotate(x, cos, sin, resolved.layout());
 }
 

@@ -189,8 +189,15 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
   p.causal = options.is_causal();
   p.query_offset =
       options.causal_alignment() == functional::CausalAlignment::TopLeft ? 0 : p.t_k - p.t_q;
-  p.window_left = options.window_left().value_or(-1);
-  p.window_right = options.window_right().value_or(-1);
+  // A window at least as long as both sequences hides no key (every |pos(i) - j| is below
+  // max(Tq, Tk)): it is described as no bound, so that no backend ever forms a diagonal near the
+  // int64 limit (window_right = INT64_MAX plus the query offset would wrap around).
+  const int64_t widest = std::max(p.t_q, p.t_k);
+  const auto bound = [widest](const c10::optional<int64_t>& window) -> int64_t {
+    return window && *window < widest ? *window : -1;
+  };
+  p.window_left = bound(options.window_left());
+  p.window_right = bound(options.window_right());
   p.softcap = options.softcap().value_or(0.0);
   p.alibi = check_alibi(options.alibi_slopes(), p.heads, caller);
   if (options.sinks().defined()) {

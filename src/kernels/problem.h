@@ -34,7 +34,10 @@ struct Problem {
   /// alignment) or 0 (top-left). Places the causal diagonal, the window and ALiBi's distances.
   int64_t query_offset = 0;
   /// The sliding window: keys j < pos(i) - window_left and j > pos(i) + window_right are hidden;
-  /// -1 = no bound on that side.
+  /// -1 = no bound on that side. make_problem describes a window of max(Tq, Tk) or more (up to
+  /// INT64_MAX) as no bound, so a bounded side is below max(Tq, Tk): diagonal() and
+  /// left_diagonal() lie within (-2 max(Tq, Tk), 2 max(Tq, Tk)) and the helpers below cannot
+  /// overflow.
   int64_t window_left = -1, window_right = -1;
   /// Logit soft-capping: scores s become softcap * tanh(s / softcap); 0 = none.
   double softcap = 0.0;

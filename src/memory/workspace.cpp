@@ -4,6 +4,7 @@
 #include "memory/empty_large.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 namespace attention {
 
@@ -18,11 +19,14 @@ torch::Tensor Workspace::take(int slot, c10::IntArrayRef sizes,
                               const torch::TensorOptions& options) {
   TORCH_CHECK_VALUE(slot >= 0 && slot < kSlots, kName, ": expected a slot in [0, ", kSlots,
                     "), got ", slot);
-  int64_t numel = 1;
   for (const int64_t size : sizes) {
     TORCH_CHECK_VALUE(size >= 0, kName, ": expected sizes >= 0, got ", detail::shape_str(sizes));
-    numel *= size;
   }
+  const auto dtype = c10::typeMetaToScalarType(options.dtype());
+  TORCH_CHECK_VALUE(detail::fits_in_bytes(sizes, static_cast<int64_t>(c10::elementSize(dtype))),
+                    kName, ": expected sizes of at most 2^63 - 1 bytes, got ",
+                    detail::shape_str(sizes), " of ", dtype);
+  const int64_t numel = c10::multiply_integers(sizes);
   std::lock_guard<std::mutex> lock(mutex_);
   if (buffers_.size() <= static_cast<size_t>(slot)) buffers_.resize(slot + 1);
   torch::Tensor& buffer = buffers_[slot];

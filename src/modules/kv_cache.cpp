@@ -2,6 +2,8 @@
 
 #include "modules/shared.h"
 
+#include <vector>
+
 namespace attention {
 
 namespace {
@@ -21,11 +23,23 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& key
                     " (reset() the cache or make a longer one)");
   // Everything is checked: only now is the storage made (on the first append), so that a
   // refused call leaves the cache as it was.
+  // The storage is checked to be addressable, and both tensors are made before either is kept:
+  // a refusal or a failed allocation leaves the cache empty.
   if (!keys_.defined()) {
-    auto sizes = keys.sizes().vec();
-    sizes[2] = max_length_;
-    keys_ = torch::empty(sizes, keys.options());
-    values_ = torch::empty(sizes, values.options());
+    std::vector<int64_t> sizes[2];
+    for (int part = 0; part < 2; ++part) {
+      const auto& given = part == 0 ? keys : values;
+      sizes[part] = given.sizes().vec();
+      sizes[part][2] = max_length_;
+      TORCH_CHECK_VALUE(
+          detail::fits_in_bytes(sizes[part], static_cast<int64_t>(given.element_size())), kName,
+          ": storage for max_length = ", max_length_, " tokens of (", given.size(0), ", ",
+          given.size(1), ", T, ", given.size(3), ") would exceed 2^63 - 1 bytes");
+    }
+    auto new_keys = torch::empty(sizes[0], keys.options());
+    auto new_values = torch::empty(sizes[1], values.options());
+    keys_ = std::move(new_keys);
+    values_ = std::move(new_values);
   }
   // The cache holds values, not history: no gradient flows into earlier steps.
   const int64_t cached = length_;

@@ -22,6 +22,33 @@ torch::Tensor combine_masks(const torch::Tensor& attn_mask, const torch::Tensor&
   return attn_mask.masked_fill(padding, -std::numeric_limits<double>::infinity());
 }
 
+// The caches a forward appends to, as they were before it: put back when the forward is refused
+// after the append (context_length, masks, or the backend), so that a refused call changes
+// nothing. A copy shares the storage: a KVCache's later positions may be written, but its length
+// (and, if it had none, its storage) comes back, and a SlidingKVCache's append makes new tensors.
+class CacheRollback {
+ public:
+  CacheRollback(KVCache* cache, SlidingKVCache* sliding) : cache_(cache), sliding_(sliding) {
+    if (cache_) saved_cache_ = *cache_;
+    if (sliding_) saved_sliding_ = *sliding_;
+  }
+  CacheRollback(const CacheRollback&) = delete;
+  CacheRollback& operator=(const CacheRollback&) = delete;
+  ~CacheRollback() {
+    if (done_) return;
+    if (cache_) *cache_ = *saved_cache_;
+    if (sliding_) *sliding_ = *saved_sliding_;
+  }
+  void keep() { done_ = true; }
+
+ private:
+  KVCache* cache_;
+  SlidingKVCache* sliding_;
+  c10::optional<KVCache> saved_cache_;
+  c10::optional<SlidingKVCache> saved_sliding_;
+  bool done_ = false;
+};
+
 }  // namespace
 
 MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_)
@@ -132,6 +159,13 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                       *options.sliding_window(), " and no sink tokens, got window ",
                       sliding->window(), " and ", sliding->sink_tokens(), " sink tokens");
   }
+  // Top-left alignment would place the new queries at the first cached positions.
+  const bool placed = options.causal() || options.sliding_window() || options.alibi();
+  TORCH_CHECK_VALUE(!(sliding || forward_options.kv_cache()) || !placed ||
+                        options.causal_alignment() == functional::CausalAlignment::BottomRight,
+                    kName,
+                    ": a kv_cache or sliding_kv_cache needs causal_alignment BottomRight (the new "
+                    "tokens follow the cached ones), got TopLeft");
   TORCH_CHECK_VALUE(!rotary_ || !forward_options.context().defined(), kName,
                     ": rotary embeddings need queries and keys of one sequence; got a context "
                     "(cross-attention): use a module without rope for it");
@@ -151,6 +185,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     queries = detail::rotate(queries, cos, sin, rotary_->options().layout());
     keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
   }
+  CacheRollback rollback(forward_options.kv_cache(), sliding);
   if (forward_options.kv_cache()) {
     std::tie(keys, values) = forward_options.kv_cache()->append(keys, values);
   }
@@ -197,6 +232,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     output = output.squeeze(0);
     if (weights.defined()) weights = weights.squeeze(0);
   }
+  rollback.keep();
   return {output, weights};
 }
 

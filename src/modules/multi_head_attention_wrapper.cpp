@@ -18,6 +18,9 @@ MultiHeadAttentionWrapperImpl::MultiHeadAttentionWrapperImpl(
 
 void MultiHeadAttentionWrapperImpl::reset() {
   detail::check_positive(options.num_heads(), "num_heads", kName);
+  TORCH_CHECK_VALUE(options.num_heads() <= kMaxWrapperHeads, kName,
+                    ": expected num_heads <= ", kMaxWrapperHeads, " (one module each), got ",
+                    options.num_heads());
   heads = register_module("heads", torch::nn::ModuleList());
   for (int64_t h = 0; h < options.num_heads(); ++h) {
     heads->push_back(SelfAttention(options.d_in(), options.d_out_kq(), options.d_out_v()));

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 
 namespace attention {
 namespace testing {
@@ -79,6 +80,46 @@ std::string index_str(const std::vector<int64_t>& index) {
   return fmt::format("[{}]", fmt::join(index, ", "));
 }
 
+// torch's Python name of a dtype (`str(dtype)` without "torch."), as the recorder writes it.
+at::ScalarType scalar_type_named(const std::string& name, const std::string& path) {
+  static const std::map<std::string, at::ScalarType> kNames = {{"float64", at::kDouble},
+                                                               {"float32", at::kFloat},
+                                                               {"float16", at::kHalf},
+                                                               {"bfloat16", at::kBFloat16},
+                                                               {"complex64", at::kComplexFloat},
+                                                               {"complex128", at::kComplexDouble},
+                                                               {"int64", at::kLong},
+                                                               {"int32", at::kInt},
+                                                               {"int16", at::kShort},
+                                                               {"int8", at::kChar},
+                                                               {"uint8", at::kByte},
+                                                               {"bool", at::kBool}};
+  const auto found = kNames.find(name);
+  TORCH_CHECK(found != kNames.end(), kLoad, ": '", path,
+              "': 'dtype' must name a torch dtype "
+              "(float64, float32, float16, bfloat16, ...), got '",
+              name, "'");
+  return found->second;
+}
+
+// Parses the manifest, telling a file cut short (an interrupted copy or recording) from one that
+// is not JSON at all.
+nlohmann::json parse_manifest(const std::string& text, const std::string& path) {
+  TORCH_CHECK(text.find_first_not_of(" \t\r\n") != std::string::npos, kLoad, ": '", path,
+              "' is empty");
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // nlohmann reports the byte after the last when the input ends too early.
+    TORCH_CHECK(e.byte <= text.size(), kLoad, ": '", path, "' is truncated: its ", text.size(),
+                " bytes end inside the JSON document");
+    const std::string what = e.what();
+    const size_t at = what.find("parse error");
+    TORCH_CHECK(false, kLoad, ": '", path,
+                "' is not valid JSON: ", at == std::string::npos ? what : what.substr(at));
+  }
+}
+
 // |a - e| elementwise in double, where NaN against NaN and an infinity against the same one are
 // no difference and NaN or an infinity on one side only is an infinite one.
 torch::Tensor differences(const torch::Tensor& a, const torch::Tensor& e) {
@@ -92,8 +133,7 @@ torch::Tensor differences(const torch::Tensor& a, const torch::Tensor& e) {
 
 ParityCase load_parity_case(const std::string& directory) {
   const std::string manifest_path = directory + "/manifest.json";
-  const nlohmann::json manifest =
-      nlohmann::json::parse(read_file(manifest_path), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json manifest = parse_manifest(read_file(manifest_path), manifest_path);
   TORCH_CHECK(manifest.is_object(), kLoad, ": '", manifest_path, "' is not a JSON object");
   const std::string format = text(manifest, "format", manifest_path);
   TORCH_CHECK(format == "attention-parity", kLoad, ": '", manifest_path,
@@ -109,6 +149,7 @@ ParityCase load_parity_case(const std::string& directory) {
   c.module = text(manifest, "module", manifest_path);
   c.torch_version = text(manifest, "torch_version", manifest_path);
   c.dtype = text(manifest, "dtype", manifest_path);
+  if (!c.dtype.empty()) c.scalar_type = scalar_type_named(c.dtype, manifest_path);
   if (manifest.contains("seed") && manifest["seed"].is_number_integer()) {
     c.seed = manifest["seed"].get<int64_t>();
   }

@@ -1,13 +1,19 @@
 // libFuzzer target: differential testing of scaled_dot_product_attention. Shapes, options, masks
-// and values come from the fuzz input; Math in float64 is the reference. Every backend must either
-// raise a c10::Error or agree with the reference wherever the reference is finite (so never NaN
-// where Math is finite). A disagreement aborts with the case printed.
+// and values come from the fuzz input; integer options (windows, block size) are drawn from their
+// extremes too (0, 1, 2^31, 2^53, 2^62, INT64_MAX - 1, INT64_MAX). The reference is Math in
+// float64 with causality and the window written out as an explicit mask built here from the
+// definitions, so that a mistake in the library's own window arithmetic cannot hide in both.
+// Every backend must either raise a c10::Error or agree with the reference wherever the
+// reference is finite (so never NaN where it is finite). A disagreement aborts with the case
+// printed.
 
 #include <attention/functional.h>
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +41,16 @@ class Bytes {
     if (b == 254) return std::numeric_limits<double>::infinity();
     if (b == 253) return -std::numeric_limits<double>::infinity();
     return (static_cast<double>(b) - 126.0) / 16.0;
+  }
+
+  // An integer option from its extremes or from small values around the sequence lengths.
+  int64_t extreme(int64_t length) {
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    const int64_t values[] = {
+        0,        1,   2, length - 1, length, int64_t{1} << 31, int64_t{1} << 53, int64_t{1} << 62,
+        kMax - 1, kMax};
+    const int64_t pick = values[below(10)];
+    return pick < 0 ? 0 : pick;
   }
 
   torch::Tensor tensor(const std::vector<int64_t>& shape, torch::Dtype dtype) {
@@ -74,6 +90,27 @@ void compare(const char* backend, const torch::Tensor& got, const torch::Tensor&
   if (max_diff > tol) disagree(backend, "values", max_diff);
 }
 
+// The keys causality and the window hide, true = hidden, from their definitions: query i sits at
+// pos = i + offset; key j is hidden when j > pos (causal), pos - j > window_left or
+// j - pos > window_right. (pos - j is small: nothing here comes near the int64 limit.) Undefined
+// when neither is set.
+torch::Tensor hidden_by_position(const F::ScaledDotProductAttentionOptions& o, int64_t t_q,
+                                 int64_t t_k) {
+  if (!o.is_causal() && !o.window_left() && !o.window_right()) return {};
+  const int64_t offset = o.causal_alignment() == F::CausalAlignment::TopLeft ? 0 : t_k - t_q;
+  auto hidden = torch::zeros({t_q, t_k}, torch::kBool);
+  auto* h = hidden.data_ptr<bool>();
+  for (int64_t i = 0; i < t_q; ++i) {
+    for (int64_t j = 0; j < t_k; ++j) {
+      const int64_t pos = i + offset;
+      h[i * t_k + j] = (o.is_causal() && j > pos) ||
+                       (o.window_left() && pos - j > *o.window_left()) ||
+                       (o.window_right() && j - pos > *o.window_right());
+    }
+  }
+  return hidden;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -106,7 +143,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.is_causal(in.below(2) == 1);
   const int64_t scale = in.below(6);
   if (scale > 0) options.scale(std::vector<double>{0.5, 2.0, -1.0, 0.0, 0.125}[scale - 1]);
-  options.block_size(in.below(8) == 0 ? (int64_t{1} << 40) : 1 + in.below(70));
+  options.block_size(in.below(4) == 0 ? std::max<int64_t>(1, in.extreme(t_k)) : 1 + in.below(70));
+  if (in.below(2) == 1) options.causal_alignment(F::CausalAlignment::TopLeft);
+  if (in.below(3) == 1) options.window_left(in.extreme(std::max(t_q, t_k)));
+  if (in.below(3) == 1) options.window_right(in.extreme(std::max(t_q, t_k)));
   auto scores = shape(heads, t_q, t_k);
   switch (in.below(5)) {
     case 1:  // bool, full
@@ -129,12 +169,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   case_text << "query " << q.sizes() << " key " << k.sizes() << " value " << v.sizes() << " dtype "
             << q.scalar_type() << " causal " << options.is_causal() << " scale "
             << (options.scale() ? *options.scale() : -999.0) << " block " << options.block_size()
-            << "\nq " << q << "\nk " << k << "\nv " << v << "\nmask " << options.attn_mask();
+            << " top-left " << (options.causal_alignment() == F::CausalAlignment::TopLeft)
+            << " window " << options.window_left().value_or(-1) << "/"
+            << options.window_right().value_or(-1) << "\nq " << q << "\nk " << k << "\nv " << v
+            << "\nmask " << options.attn_mask();
   described = case_text.str();
   auto reference = options;
-  reference.backend(F::Backend::Math);
+  reference.backend(F::Backend::Math).is_causal(false).window_left({}).window_right({});
   if (reference.attn_mask().defined() && reference.attn_mask().is_floating_point()) {
     reference.attn_mask(reference.attn_mask().to(torch::kDouble));
+  }
+  const auto hidden = hidden_by_position(options, t_q, t_k);
+  if (hidden.defined()) {
+    const auto& mask = reference.attn_mask();
+    reference.attn_mask(!mask.defined()            ? hidden
+                        : mask.is_floating_point() ? mask.masked_fill(hidden, -INFINITY)
+                                                   : mask.logical_or(hidden));
   }
   torch::Tensor ref;
   try {
