@@ -4,14 +4,12 @@
 
 #include "detail.h"
 #include "serialization/byte_source.h"
-#include "serialization/safetensors.h"
 #include "serialization/torch_save.h"
-#include "serialization/zip_archive.h"
+#include "serialization/weight_file.h"
 #include "weight_names.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/csrc/jit/serialization/import.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -19,73 +17,11 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 
 namespace attention {
 namespace {
 
 constexpr const char* kLoad = "attention::load_weights";
-
-struct FileContents {
-  std::string format;
-  NamedTensors tensors;
-};
-
-NamedTensors read_torchscript(const std::string& bytes) {
-  std::istringstream stream(bytes);
-  auto module = torch::jit::load(stream, torch::kCPU);
-  NamedTensors out;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
-  return out;
-}
-
-// A zip archive: torch.save (read here, by the restricted unpickler) or TorchScript (read by
-// LibTorch, trusted sources only).
-FileContents read_archive(const serialization::ByteSource& source, const LoadOptions& options) {
-  const std::string& path = source.name();
-  const serialization::ZipArchive archive(source);
-  if (serialization::is_torchscript(archive)) {
-    TORCH_CHECK_VALUE(options.trusted(), kLoad, ": '", path, "' is a TorchScript archive, ",
-                      "which carries code and is refused with LoadOptions().trusted(false) ",
-                      "(save the weights with torch.save(model.state_dict(), path) or as ",
-                      "safetensors)");
-    TORCH_CHECK_VALUE(options.key().empty(), kLoad, ": LoadOptions().key() picks an entry of a ",
-                      "torch.save checkpoint; '", path, "' is a TorchScript archive");
-    return {"torchscript", read_torchscript(source.read_string(0, source.size()))};
-  }
-  const auto saved = serialization::read_torch_save(archive, path);
-  return {"state_dict", serialization::state_dict_entries(saved, options.key(), path)};
-}
-
-FileContents read_contents(const serialization::ByteSource& source, const LoadOptions& options) {
-  const std::string& path = source.name();
-  TORCH_CHECK(source.size() > 0, kLoad, ": '", path, "' is empty");
-  TORCH_CHECK_VALUE(!serialization::looks_like_legacy_torch_save(source), kLoad, ": '", path,
-                    "' is in the torch.save format of PyTorch before 1.6 ",
-                    "(_use_new_zipfile_serialization=False), which is not read; re-save it in ",
-                    "Python with torch.save(torch.load(path), path)");
-  if (serialization::looks_like_zip(source)) {
-    try {
-      return read_archive(source, options);
-    } catch (const c10::ValueError&) {
-      throw;
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, kLoad, ": cannot read '", path,
-                  "' as a torch.save file or a TorchScript archive: ", e.what_without_backtrace());
-    }
-  }
-  TORCH_CHECK(serialization::looks_like_safetensors(source), kLoad, ": '", path,
-              "' is neither a safetensors file, a torch.save file nor a TorchScript archive");
-  TORCH_CHECK_VALUE(options.key().empty(), kLoad, ": LoadOptions().key() picks an entry of a ",
-                    "torch.save checkpoint; '", path, "' is a safetensors file");
-  try {
-    return {"safetensors", serialization::read_safetensors(source)};
-  } catch (const c10::Error& e) {
-    TORCH_CHECK_VALUE(false, kLoad, ": '", path,
-                      "' is not a valid safetensors file: ", e.what_without_backtrace());
-  }
-}
 
 // Full names of the buffers that the module and its submodules derive themselves.
 std::set<std::string> derived_names(const torch::nn::Module& module) {
@@ -128,7 +64,8 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
                      const LoadOptions& options) {
   const std::string& path = source.name();
   LoadReport report;
-  FileContents contents = read_contents(source, options);
+  serialization::WeightFile contents =
+      serialization::read_weight_file(source, {options.trusted(), options.key()});
   report.format = contents.format;
   NamedTensors file = detail::select_prefix(contents.tensors, options.prefix(), path);
   file = detail::rename_all(file, options.rename(), path);

@@ -88,12 +88,6 @@ bool is_torchscript(const ZipArchive& archive) {
   return false;
 }
 
-bool looks_like_legacy_torch_save(const ByteSource& source) {
-  // PROTO 2, then LONG1 of 10 bytes: the magic number 0x1950a86a20f9469cfc6c.
-  static const std::string magic("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
-  return source.size() >= magic.size() && source.read_string(0, magic.size()) == magic;
-}
-
 Unpickled read_torch_save(const ZipArchive& archive, const std::string& source,
                           const UnpicklerLimits& limits) {
   const std::string dir = archive_directory(archive, source);

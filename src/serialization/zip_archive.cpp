@@ -64,10 +64,6 @@ CentralDirectory find_central_directory(const ByteSource& source) {
 
 }  // namespace
 
-bool looks_like_zip(const ByteSource& source) {
-  return source.size() >= 4 && le(source.read_string(0, 4), 0, 4) == kLocalHeader;
-}
-
 ZipArchive::ZipArchive(const ByteSource& source) : source_(source) {
   const std::string& file = source.name();
   const CentralDirectory cd = find_central_directory(source);

@@ -15,9 +15,6 @@
 namespace attention {
 namespace serialization {
 
-/// True when the bytes start like a zip archive ("PK\3\4").
-bool looks_like_zip(const ByteSource& source);
-
 class ZipArchive {
  public:
   /// Reads the central directory; throws c10::Error naming the source when it is not a valid

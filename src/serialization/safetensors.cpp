@@ -40,20 +40,17 @@ uint64_t read_u64_le(const char* p) {
 }  // namespace
 
 bool looks_like_safetensors(const char* data, std::size_t size) {
-  if (size < 9) return false;
-  const uint64_t n = read_u64_le(data);
-  return n >= 2 && n <= kMaxSafetensorsHeader && n <= size - 8 && data[8] == '{';
+  return size >= 9 && serialization::safetensors_prefix(std::string(data, 9), size);
 }
 
 NamedTensors parse_safetensors(const char* data, std::size_t size) {
   return serialization::read_safetensors(serialization::MemorySource(data, size, "<memory>"));
 }
 
-bool serialization::looks_like_safetensors(const ByteSource& source) {
-  if (source.size() < 9) return false;
-  const std::string head = source.read_string(0, 9);
+bool serialization::safetensors_prefix(const std::string& head, uint64_t size) {
+  if (head.size() < 9 || size < 9) return false;
   const uint64_t n = read_u64_le(head.data());
-  return n >= 2 && n <= kMaxSafetensorsHeader && n <= source.size() - 8 && head[8] == '{';
+  return n >= 2 && n <= kMaxSafetensorsHeader && n <= size - 8 && head[8] == '{';
 }
 
 NamedTensors serialization::read_safetensors(const ByteSource& source) {
