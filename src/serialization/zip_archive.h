@@ -21,6 +21,8 @@ class ZipArchive {
   /// archive of stored records.
   explicit ZipArchive(const ByteSource& source);
 
+  /// The size of the whole archive.
+  uint64_t file_size() const { return source_.size(); }
   /// Record names, in the archive's order.
   const std::vector<std::string>& names() const { return names_; }
   bool has(const std::string& name) const { return records_.count(name) != 0; }
