@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -48,14 +49,32 @@ NamedTensors module_tensors(const torch::nn::Module& module) {
   return out;
 }
 
-// isfinite over slices of a million elements: the temporaries stay small and are reused, where
-// one isfinite over a large weight would fault in a fresh mask as large as a quarter of it.
+// isfinite over slices of at most a million elements: the temporaries stay small and are reused,
+// where one isfinite over a large weight would fault in a fresh mask as large as a quarter of it.
+// A view that is not contiguous (a stride-0 tensor from a file, say) is sliced along its first
+// dimension rather than flattened, which would copy the whole of it.
 bool all_finite(const torch::Tensor& value) {
   constexpr int64_t kSlice = int64_t{1} << 20;
-  const torch::Tensor flat = value.reshape(-1);
-  for (int64_t start = 0; start < flat.numel(); start += kSlice) {
-    const auto slice = flat.slice(0, start, std::min(flat.numel(), start + kSlice));
-    if (!torch::isfinite(slice).all().item<bool>()) return false;
+  if (value.numel() <= kSlice) return torch::isfinite(value).all().item<bool>();
+  if (value.is_contiguous()) {
+    const torch::Tensor flat = value.view(-1);
+    for (int64_t start = 0; start < flat.numel(); start += kSlice) {
+      const auto slice = flat.slice(0, start, std::min(flat.numel(), start + kSlice));
+      if (!torch::isfinite(slice).all().item<bool>()) return false;
+    }
+    return true;
+  }
+  const int64_t row = value.numel() / value.size(0);
+  if (row > kSlice) {
+    // A row alone is over the slice: row by row, each one dimension less.
+    for (int64_t i = 0; i < value.size(0); ++i) {
+      if (!all_finite(value.select(0, i))) return false;
+    }
+    return true;
+  }
+  const int64_t rows = kSlice / row;
+  for (int64_t start = 0; start < value.size(0); start += rows) {
+    if (!all_finite(value.narrow(0, start, std::min(rows, value.size(0) - start)))) return false;
   }
   return true;
 }
@@ -67,14 +86,15 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
   serialization::WeightFile contents =
       serialization::read_weight_file(source, {options.trusted(), options.key()});
   report.format = contents.format;
-  NamedTensors file = detail::select_prefix(contents.tensors, options.prefix(), path);
-  file = detail::rename_all(file, options.rename(), path);
-  file = detail::convert_layout(file, options.layout(), path, report.derived);
-  std::map<std::string, torch::Tensor> by_name;
-  for (const auto& [name, tensor] : file) {
-    TORCH_CHECK_VALUE(by_name.emplace(name, tensor).second, kLoad, ": '", path,
-                      "' gives two tensors the name '", name, "' (after its prefix, rename and ",
-                      "layout)");
+  NamedTensors named = detail::select_prefix(std::move(contents.tensors), options.prefix(), path);
+  named = detail::rename_all(std::move(named), options.rename(), path);
+  const std::vector<detail::FileTensor> file =
+      detail::convert_layout(std::move(named), options.layout(), path, report.derived);
+  std::map<std::string, const detail::FileTensor*> by_name;
+  for (const auto& entry : file) {
+    TORCH_CHECK_VALUE(by_name.emplace(entry.name, &entry).second, kLoad, ": '", path,
+                      "' gives two tensors the name '", entry.name,
+                      "' (after its prefix, rename and layout)");
   }
   const NamedTensors targets = module_tensors(module);
 
@@ -86,18 +106,19 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
       report.missing.push_back(name);
       continue;
     }
-    torch::Tensor value = it->second;
+    const detail::FileTensor& entry = *it->second;
     by_name.erase(it);
-    if (value.sizes() != target.sizes()) {
+    const std::vector<int64_t> sizes = entry.sizes();
+    if (c10::IntArrayRef(sizes) != target.sizes()) {
       problems.push_back(fmt::format("shape of {}: module {}, file {}", name,
-                                     detail::shape_str(target.sizes()),
-                                     detail::shape_str(value.sizes())));
+                                     detail::shape_str(target.sizes()), detail::shape_str(sizes)));
       continue;
     }
     std::string cast;
-    if (value.scalar_type() != target.scalar_type()) {
-      const bool both_float = value.is_floating_point() && target.is_floating_point();
-      const auto from = c10::toString(value.scalar_type());
+    const c10::ScalarType dtype = entry.scalar_type();
+    if (dtype != target.scalar_type()) {
+      const bool both_float = entry.is_floating_point() && target.is_floating_point();
+      const auto from = c10::toString(dtype);
       const auto to = c10::toString(target.scalar_type());
       if (!options.cast() || !both_float) {
         problems.push_back(
@@ -106,8 +127,10 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
         continue;
       }
       cast = fmt::format("{}: {} -> {}", name, from, to);
-      value = value.to(target.scalar_type());
     }
+    // Made only now that its shape is the module's: a concatenation, and a cast.
+    torch::Tensor value = entry.value();
+    if (!cast.empty()) value = value.to(target.scalar_type());
     if (!options.allow_non_finite() && value.is_floating_point() && !all_finite(value)) {
       problems.push_back(
           fmt::format("{} holds NaN or Inf values{}", name, cast.empty() ? "" : " once cast"));
@@ -118,9 +141,9 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
     copies.emplace_back(target, value);
   }
   const auto derived = derived_names(module);
-  for (const auto& [name, value] : file) {
-    if (!by_name.count(name)) continue;
-    (derived.count(name) ? report.derived : report.unexpected).push_back(name);
+  for (const auto& entry : file) {
+    if (!by_name.count(entry.name)) continue;
+    (derived.count(entry.name) ? report.derived : report.unexpected).push_back(entry.name);
   }
   if (options.strict()) {
     if (!report.missing.empty()) {

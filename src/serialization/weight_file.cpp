@@ -1,5 +1,6 @@
 #include "serialization/weight_file.h"
 
+#include "serialization/limits.h"
 #include "serialization/safetensors.h"
 #include "serialization/torch_save.h"
 #include "serialization/zip_archive.h"
@@ -97,7 +98,15 @@ WeightFile read_by_format(const ByteSource& source, const ReadOptions& options) 
 }  // namespace
 
 WeightFile read_weight_file(const ByteSource& source, const ReadOptions& options) {
-  return read_by_format(source, options);
+  WeightFile file = read_by_format(source, options);
+  for (const auto& item : file.tensors) {
+    const std::string& name = item.first;
+    TORCH_CHECK_VALUE(name.size() <= kMaxNameLength, kLoad, ": '", source.name(),
+                      "' names a tensor with ", name.size(), " characters, over the limit of ",
+                      kMaxNameLength, " (no regular expression sees a longer name): '",
+                      name.substr(0, 64), "...'");
+  }
+  return file;
 }
 
 }  // namespace serialization

@@ -24,13 +24,13 @@ struct ReadOptions {
 struct WeightFile {
   /// "safetensors", "state_dict" (torch.save) or "torchscript", as LoadReport::format says.
   std::string format;
-  /// The file's tensors by name.
+  /// The file's tensors by name, every name at most kMaxNameLength characters.
   NamedTensors tensors;
 };
 
 /// Reads a safetensors file, a torch.save file or (trusted sources only) a TorchScript archive.
 /// Throws c10::ValueError for a file that is readable but refused (the pre-1.6 torch.save format,
-/// TorchScript from an untrusted source, a malformed safetensors file),
+/// TorchScript from an untrusted source, a malformed safetensors file, a name over the limit),
 /// c10::Error naming the source for anything else.
 WeightFile read_weight_file(const ByteSource& source, const ReadOptions& options);
 
