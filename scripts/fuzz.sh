@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (AddressSanitizer and UndefinedBehaviorSanitizer on)
-# and runs each for SECONDS (default 60) from the seed corpus in tests/fuzz/corpus/, as many at a
-# time as there are cores. A crash fails the script with libFuzzer's report and leaves the input
-# in build-sanitize/.
+# and runs each for SECONDS (default 60) from the seed corpus in tests/fuzz/corpus/ (and the
+# target's dictionary of tokens, tests/fuzz/<target>.dict, where it has one), as many at a time as
+# there are cores. Every input of the file readers' targets has a budget: one that takes more than
+# RSS_LIMIT_MB of memory or TIMEOUT seconds is a failure like a crash (a load of an untrusted file
+# must keep to the budget of docs/SECURITY.md; the sanitizers' own memory is counted here too). A
+# failure fails the script with libFuzzer's report and leaves the input in build-sanitize/.
 #
-#   scripts/fuzz.sh [SECONDS]
+#   scripts/fuzz.sh [SECONDS]      (RSS_LIMIT_MB=2048 and TIMEOUT=30 per input by default)
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 seconds=${1:-60}
+rss_limit_mb=${RSS_LIMIT_MB:-2048}
+timeout=${TIMEOUT:-30}
 "$ROOT/scripts/setup.sh"
 # The sanitized build of test.sh --sanitize: after that leg only the fuzz targets' mains compile.
 fuzz_dir=$SANITIZE_BUILD_DIR
@@ -24,10 +29,17 @@ export ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0:abort_on_error=1
 # Runs fuzz-TARGET for the whole time from a copy of its seed corpus; its log and exit status
 # go to build-sanitize/fuzz-TARGET.{log,status}.
 fuzz_one() {
-  local target=$1 corpus status=0
+  local target=$1 corpus status=0 limits=()
   corpus=$(mktemp -d)
   cp "$ROOT/tests/fuzz/corpus/$target"/* "$corpus/"
-  (cd "$fuzz_dir" && "./fuzz-$target" -max_total_time="$seconds" -rss_limit_mb=4096 \
+  if [[ $target == attention ]]; then
+    # The differential kernel fuzzer: large problems on purpose, no file budget.
+    limits=(-rss_limit_mb=4096)
+  else
+    limits=(-rss_limit_mb="$rss_limit_mb" -timeout="$timeout")
+  fi
+  if [[ -f $ROOT/tests/fuzz/$target.dict ]]; then limits+=(-dict="$ROOT/tests/fuzz/$target.dict"); fi
+  (cd "$fuzz_dir" && "./fuzz-$target" -max_total_time="$seconds" "${limits[@]}" \
     -print_final_stats=1 "$corpus") >"$fuzz_dir/fuzz-$target.log" 2>&1 || status=$?
   rm -rf "$corpus"
   echo "$status" >"$fuzz_dir/fuzz-$target.status"

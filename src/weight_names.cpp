@@ -1,5 +1,7 @@
 #include "weight_names.h"
 
+#include "serialization/limits.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/types.h>
@@ -53,41 +55,49 @@ const char* layout_name(WeightLayout layout) {
 }
 
 // Splits a fused (3 n, ...) tensor along `dim` into the query, key and value parts.
-void split_three(NamedTensors& out, const std::string& name, const torch::Tensor& fused,
-                 int64_t dim, int64_t rank, const std::string& parent, const std::string& leaf,
-                 WeightLayout layout, const std::string& source) {
+void split_three(std::vector<detail::FileTensor>& out, const std::string& name,
+                 const torch::Tensor& fused, int64_t dim, int64_t rank, const std::string& parent,
+                 const std::string& leaf, WeightLayout layout, const std::string& source) {
   TORCH_CHECK_VALUE(fused.dim() == rank && fused.size(dim) % 3 == 0, kLoad, ": '", source,
                     "': ", name, " has shape ", fused.sizes(), "; the ", layout_name(layout),
                     " layout expects ", rank, " dimensions, dimension ", dim,
                     " holding query, key and value (a multiple of 3)");
   const auto parts = fused.chunk(3, dim);
   const char* names[] = {"W_query.", "W_key.", "W_value."};
-  for (int i = 0; i < 3; ++i) out.emplace_back(parent + names[i] + leaf, parts[i]);
+  for (int i = 0; i < 3; ++i) out.push_back({parent + names[i] + leaf, {parts[i]}});
 }
 
-// "heads.<i>.<rest>" -> i and rest; false for any other name.
+// "heads.<i>.<rest>" -> i (one to six digits) and rest (not empty, no line break); false for any
+// other name. Read by hand, not by a regular expression: the names come from the file.
 bool head_entry(const std::string& name, int64_t& index, std::string& rest) {
-  static const std::regex pattern(R"(^heads\.(\d{1,6})\.(.+)$)");
-  std::smatch match;
-  if (!std::regex_match(name, match, pattern)) return false;
-  index = std::stoll(match[1].str());
-  rest = match[2].str();
+  static const std::string kHeads = "heads.";
+  if (!starts_with(name, kHeads)) return false;
+  std::size_t at = kHeads.size();
+  int64_t value = 0;
+  while (at < name.size() && at - kHeads.size() < 6 && name[at] >= '0' && name[at] <= '9') {
+    value = value * 10 + (name[at++] - '0');
+  }
+  const std::size_t digits = at - kHeads.size();
+  if (digits == 0 || at + 1 >= name.size() || name[at] != '.') return false;
+  if (name.find_first_of("\r\n", at + 1) != std::string::npos) return false;
+  index = value;
+  rest = name.substr(at + 1);
   return true;
 }
 
 // The book's wrapper: the heads' projections concatenated, in head order, along the output
-// features.
-NamedTensors concatenate_heads(const NamedTensors& file, const std::string& source,
-                               std::vector<std::string>& derived) {
+// features. The parts are checked to agree here; the concatenation waits for the module's check.
+std::vector<detail::FileTensor> concatenate_heads(NamedTensors file, const std::string& source,
+                                                  std::vector<std::string>& derived) {
   std::vector<std::string> order;  // "W_query.weight", ... in the file's order
   std::map<std::string, std::map<int64_t, torch::Tensor>> parts;
   std::set<int64_t> heads;
-  NamedTensors out;
-  for (const auto& [name, tensor] : file) {
+  std::vector<detail::FileTensor> out;
+  for (auto& [name, tensor] : file) {
     int64_t index = 0;
     std::string rest;
     if (!head_entry(name, index, rest)) {
-      out.emplace_back(name, tensor);
+      out.push_back({std::move(name), {std::move(tensor)}});
       continue;
     }
     heads.insert(index);
@@ -96,7 +106,7 @@ NamedTensors concatenate_heads(const NamedTensors& file, const std::string& sour
       continue;
     }
     if (!parts.count(rest)) order.push_back(rest);
-    parts[rest][index] = tensor;
+    parts[rest][index] = std::move(tensor);
   }
   for (const auto& rest : order) {
     const auto& by_head = parts.at(rest);
@@ -107,14 +117,17 @@ NamedTensors concatenate_heads(const NamedTensors& file, const std::string& sour
                         layout_name(WeightLayout::BookMultiHeadAttentionWrapper),
                         " layout needs heads 0 to ", heads.size() - 1, " each with ", rest,
                         "; heads.", h, ".", rest, " is missing");
-      tensors.push_back(it->second);
-    }
-    try {
-      out.emplace_back(rest, torch::cat(tensors, 0));
-    } catch (const c10::Error&) {
-      TORCH_CHECK_VALUE(false, kLoad, ": '", source, "': the heads' ", rest,
+      const torch::Tensor& first = tensors.empty() ? it->second : tensors.front();
+      const torch::Tensor& part = it->second;
+      TORCH_CHECK_VALUE(part.dim() >= 1 && part.dim() == first.dim() &&
+                            part.sizes().slice(1) == first.sizes().slice(1),
+                        kLoad, ": '", source, "': the heads' ", rest,
                         " differ in shape beyond their first dimension");
+      TORCH_CHECK_VALUE(part.scalar_type() == first.scalar_type(), kLoad, ": '", source,
+                        "': the heads' ", rest, " differ in dtype");
+      tensors.push_back(part);
     }
+    out.push_back({rest, std::move(tensors)});
   }
   return out;
 }
@@ -123,15 +136,29 @@ NamedTensors concatenate_heads(const NamedTensors& file, const std::string& sour
 
 namespace detail {
 
-NamedTensors select_prefix(const NamedTensors& file, const std::string& prefix,
+std::vector<int64_t> FileTensor::sizes() const {
+  std::vector<int64_t> out = parts.front().sizes().vec();
+  for (std::size_t i = 1; i < parts.size(); ++i) out[0] += parts[i].size(0);
+  return out;
+}
+
+c10::ScalarType FileTensor::scalar_type() const {
+  return parts.front().scalar_type();
+}
+
+torch::Tensor FileTensor::value() const {
+  return parts.size() == 1 ? parts.front() : torch::cat(parts, 0);
+}
+
+NamedTensors select_prefix(NamedTensors file, const std::string& prefix,
                            const std::string& source) {
   if (prefix.empty()) return file;
   NamedTensors out;
   std::vector<std::string> prefixes;
   std::set<std::string> seen;
-  for (const auto& [name, tensor] : file) {
+  for (auto& [name, tensor] : file) {
     if (starts_with(name, prefix) && name.size() > prefix.size()) {
-      out.emplace_back(name.substr(prefix.size()), tensor);
+      out.emplace_back(name.substr(prefix.size()), std::move(tensor));
     }
     const auto last = name.rfind('.');
     const std::string module = last == std::string::npos ? "" : name.substr(0, last + 1);
@@ -150,32 +177,38 @@ NamedTensors select_prefix(const NamedTensors& file, const std::string& prefix,
   return out;
 }
 
-NamedTensors rename_all(const NamedTensors& file, const LoadOptions::NameMap& map,
+NamedTensors rename_all(NamedTensors file, const LoadOptions::NameMap& map,
                         const std::string& source) {
   if (!map) return file;
   NamedTensors out;
+  out.reserve(file.size());
   std::map<std::string, std::string> origin;
-  for (const auto& [name, tensor] : file) {
+  for (auto& [name, tensor] : file) {
     std::string renamed = map(name);
     TORCH_CHECK_VALUE(!renamed.empty(), kLoad, ": '", source, "': rename maps '", name,
                       "' to an empty name");
     auto [it, inserted] = origin.emplace(renamed, name);
     TORCH_CHECK_VALUE(inserted, kLoad, ": '", source, "': rename maps both '", it->second,
                       "' and '", name, "' to '", renamed, "'");
-    out.emplace_back(std::move(renamed), tensor);
+    out.emplace_back(std::move(renamed), std::move(tensor));
   }
   return out;
 }
 
-NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
-                            const std::string& source, std::vector<std::string>& derived) {
-  if (layout == WeightLayout::Native) return file;
+std::vector<FileTensor> convert_layout(NamedTensors file, WeightLayout layout,
+                                       const std::string& source,
+                                       std::vector<std::string>& derived) {
   if (layout == WeightLayout::BookMultiHeadAttentionWrapper) {
-    return concatenate_heads(file, source, derived);
+    return concatenate_heads(std::move(file), source, derived);
+  }
+  std::vector<FileTensor> out;
+  out.reserve(file.size());
+  if (layout == WeightLayout::Native) {
+    for (auto& [name, tensor] : file) out.push_back({std::move(name), {std::move(tensor)}});
+    return out;
   }
   std::set<std::string> names;
   for (const auto& item : file) names.insert(item.first);
-  NamedTensors out;
   for (const auto& [name, tensor] : file) {
     const NameParts n = split_name(name);
     const std::string module_path = n.parent + (n.module.empty() ? "" : n.module + ".");
@@ -192,7 +225,7 @@ NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
           const char* target = n.leaf[0] == 'q'   ? "W_query"
                                : n.leaf[0] == 'k' ? "W_key"
                                                   : "W_value";
-          out.emplace_back(module_path + target + ".weight", tensor);
+          out.push_back({module_path + target + ".weight", {tensor}});
           continue;
         }
         TORCH_CHECK_VALUE(n.leaf != "bias_k" && n.leaf != "bias_v", kLoad, ": '", source,
@@ -208,7 +241,7 @@ NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
                                                                    {"o_proj", "out_proj"}};
         auto it = targets.find(n.module);
         if (it != targets.end()) {
-          out.emplace_back(n.parent + it->second + "." + n.leaf, tensor);
+          out.push_back({n.parent + it->second + "." + n.leaf, {tensor}});
           continue;
         }
         break;
@@ -226,8 +259,8 @@ NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
             (n.leaf == "weight" || n.leaf == "bias")) {
           TORCH_CHECK_VALUE(n.leaf == "bias" || tensor.dim() == 2, kLoad, ": '", source,
                             "': ", name, " has shape ", tensor.sizes(), ", not (d_out, d_out)");
-          out.emplace_back(n.parent + "out_proj." + n.leaf,
-                           n.leaf == "weight" ? tensor.t() : tensor);
+          out.push_back(
+              {n.parent + "out_proj." + n.leaf, {n.leaf == "weight" ? tensor.t() : tensor}});
           continue;
         }
         if ((n.leaf == "bias" || n.leaf == "masked_bias") &&
@@ -241,7 +274,7 @@ NamedTensors convert_layout(const NamedTensors& file, WeightLayout layout,
       case WeightLayout::BookMultiHeadAttentionWrapper:
         break;
     }
-    out.emplace_back(name, tensor);
+    out.push_back({name, {tensor}});
   }
   return out;
 }
@@ -258,10 +291,17 @@ LoadOptions& LoadOptions::rename(const std::vector<RenameRule>& rules) {
                         "' is not a valid regular expression: ", e.what());
     }
   }
-  rename_ = [compiled = std::move(compiled)](const std::string& name) {
+  rename_ = [compiled = std::move(compiled), rules](const std::string& name) {
     std::string out = name;
-    for (const auto& [pattern, replacement] : compiled) {
-      out = std::regex_replace(out, pattern, replacement);
+    for (std::size_t i = 0; i < compiled.size(); ++i) {
+      // std::regex recurses once per character of its subject: names are bounded before a
+      // rule sees them (the file's names when the file is read, here what earlier rules made).
+      TORCH_CHECK_VALUE(out.size() <= serialization::kMaxNameLength,
+                        "attention::LoadOptions::rename: rule '", rules[i].first, "' is given a ",
+                        out.size(), "-character name (made by the rules before it from '",
+                        name.substr(0, 64), "'); names over ", serialization::kMaxNameLength,
+                        " characters are refused before a regular expression sees them");
+      out = std::regex_replace(out, compiled[i].first, compiled[i].second);
     }
     return out;
   };

@@ -4,88 +4,25 @@
 
 #include "checks.h"
 #include "serialization/byte_source.h"
-#include "serialization/safetensors.h"
 #include "serialization/torch_save.h"
-#include "serialization/zip_archive.h"
+#include "serialization/weight_file.h"
 #include "weight_names.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/csrc/jit/serialization/import.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 
 namespace attention {
 namespace {
 
 constexpr const char* kLoad = "attention::load_weights";
-
-struct FileContents {
-  std::string format;
-  NamedTensors tensors;
-};
-
-NamedTensors read_torchscript(const std::string& bytes) {
-  std::istringstream stream(bytes);
-  auto module = torch::jit::load(stream, torch::kCPU);
-  NamedTensors out;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
-  return out;
-}
-
-// A zip archive: torch.save (read here, by the restricted unpickler) or TorchScript (read by
-// LibTorch, trusted sources only).
-FileContents read_archive(const serialization::ByteSource& source, const LoadOptions& options) {
-  const std::string& path = source.name();
-  const serialization::ZipArchive archive(source);
-  if (serialization::is_torchscript(archive)) {
-    TORCH_CHECK_VALUE(options.trusted(), kLoad, ": '", path, "' is a TorchScript archive, ",
-                      "which carries code and is refused with LoadOptions().trusted(false) ",
-                      "(save the weights with torch.save(model.state_dict(), path) or as ",
-                      "safetensors)");
-    TORCH_CHECK_VALUE(options.key().empty(), kLoad, ": LoadOptions().key() picks an entry of a ",
-                      "torch.save checkpoint; '", path, "' is a TorchScript archive");
-    return {"torchscript", read_torchscript(source.read_string(0, source.size()))};
-  }
-  const auto saved = serialization::read_torch_save(archive, path);
-  return {"state_dict", serialization::state_dict_entries(saved, options.key(), path)};
-}
-
-FileContents read_contents(const serialization::ByteSource& source, const LoadOptions& options) {
-  const std::string& path = source.name();
-  TORCH_CHECK(source.size() > 0, kLoad, ": '", path, "' is empty");
-  TORCH_CHECK_VALUE(!serialization::looks_like_legacy_torch_save(source), kLoad, ": '", path,
-                    "' is in the torch.save format of PyTorch before 1.6 ",
-                    "(_use_new_zipfile_serialization=False), which is not read; re-save it in ",
-                    "Python with torch.save(torch.load(path), path)");
-  if (serialization::looks_like_zip(source)) {
-    try {
-      return read_archive(source, options);
-    } catch (const c10::ValueError&) {
-      throw;
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, kLoad, ": cannot read '", path,
-                  "' as a torch.save file or a TorchScript archive: ", e.what_without_backtrace());
-    }
-  }
-  TORCH_CHECK(serialization::looks_like_safetensors(source), kLoad, ": '", path,
-              "' is neither a safetensors file, a torch.save file nor a TorchScript archive");
-  TORCH_CHECK_VALUE(options.key().empty(), kLoad, ": LoadOptions().key() picks an entry of a ",
-                    "torch.save checkpoint; '", path, "' is a safetensors file");
-  try {
-    return {"safetensors", serialization::read_safetensors(source)};
-  } catch (const c10::Error& e) {
-    TORCH_CHECK_VALUE(false, kLoad, ": '", path,
-                      "' is not a valid safetensors file: ", e.what_without_backtrace());
-  }
-}
 
 // Full names of the buffers that the module and its submodules derive themselves.
 std::set<std::string> derived_names(const torch::nn::Module& module) {
@@ -112,14 +49,32 @@ NamedTensors module_tensors(const torch::nn::Module& module) {
   return out;
 }
 
-// isfinite over slices of a million elements: the temporaries stay small and are reused, where
-// one isfinite over a large weight would fault in a fresh mask as large as a quarter of it.
+// isfinite over slices of at most a million elements: the temporaries stay small and are reused,
+// where one isfinite over a large weight would fault in a fresh mask as large as a quarter of it.
+// A view that is not contiguous (a stride-0 tensor from a file, say) is sliced along its first
+// dimension rather than flattened, which would copy the whole of it.
 bool all_finite(const torch::Tensor& value) {
   constexpr int64_t kSlice = int64_t{1} << 20;
-  const torch::Tensor flat = value.reshape(-1);
-  for (int64_t start = 0; start < flat.numel(); start += kSlice) {
-    const auto slice = flat.slice(0, start, std::min(flat.numel(), start + kSlice));
-    if (!torch::isfinite(slice).all().item<bool>()) return false;
+  if (value.numel() <= kSlice) return torch::isfinite(value).all().item<bool>();
+  if (value.is_contiguous()) {
+    const torch::Tensor flat = value.view(-1);
+    for (int64_t start = 0; start < flat.numel(); start += kSlice) {
+      const auto slice = flat.slice(0, start, std::min(flat.numel(), start + kSlice));
+      if (!torch::isfinite(slice).all().item<bool>()) return false;
+    }
+    return true;
+  }
+  const int64_t row = value.numel() / value.size(0);
+  if (row > kSlice) {
+    // A row alone is over the slice: row by row, each one dimension less.
+    for (int64_t i = 0; i < value.size(0); ++i) {
+      if (!all_finite(value.select(0, i))) return false;
+    }
+    return true;
+  }
+  const int64_t rows = kSlice / row;
+  for (int64_t start = 0; start < value.size(0); start += rows) {
+    if (!all_finite(value.narrow(0, start, std::min(rows, value.size(0) - start)))) return false;
   }
   return true;
 }
@@ -128,16 +83,18 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
                      const LoadOptions& options) {
   const std::string& path = source.name();
   LoadReport report;
-  FileContents contents = read_contents(source, options);
+  serialization::WeightFile contents =
+      serialization::read_weight_file(source, {options.trusted(), options.key()});
   report.format = contents.format;
-  NamedTensors file = detail::select_prefix(contents.tensors, options.prefix(), path);
-  file = detail::rename_all(file, options.rename(), path);
-  file = detail::convert_layout(file, options.layout(), path, report.derived);
-  std::map<std::string, torch::Tensor> by_name;
-  for (const auto& [name, tensor] : file) {
-    TORCH_CHECK_VALUE(by_name.emplace(name, tensor).second, kLoad, ": '", path,
-                      "' gives two tensors the name '", name, "' (after its prefix, rename and ",
-                      "layout)");
+  NamedTensors named = detail::select_prefix(std::move(contents.tensors), options.prefix(), path);
+  named = detail::rename_all(std::move(named), options.rename(), path);
+  const std::vector<detail::FileTensor> file =
+      detail::convert_layout(std::move(named), options.layout(), path, report.derived);
+  std::map<std::string, const detail::FileTensor*> by_name;
+  for (const auto& entry : file) {
+    TORCH_CHECK_VALUE(by_name.emplace(entry.name, &entry).second, kLoad, ": '", path,
+                      "' gives two tensors the name '", entry.name,
+                      "' (after its prefix, rename and layout)");
   }
   const NamedTensors targets = module_tensors(module);
 
@@ -149,18 +106,19 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
       report.missing.push_back(name);
       continue;
     }
-    torch::Tensor value = it->second;
+    const detail::FileTensor& entry = *it->second;
     by_name.erase(it);
-    if (value.sizes() != target.sizes()) {
+    const std::vector<int64_t> sizes = entry.sizes();
+    if (c10::IntArrayRef(sizes) != target.sizes()) {
       problems.push_back(fmt::format("shape of {}: module {}, file {}", name,
-                                     detail::shape_str(target.sizes()),
-                                     detail::shape_str(value.sizes())));
+                                     detail::shape_str(target.sizes()), detail::shape_str(sizes)));
       continue;
     }
     std::string cast;
-    if (value.scalar_type() != target.scalar_type()) {
-      const bool both_float = value.is_floating_point() && target.is_floating_point();
-      const auto from = c10::toString(value.scalar_type());
+    const c10::ScalarType dtype = entry.scalar_type();
+    if (dtype != target.scalar_type()) {
+      const bool both_float = entry.is_floating_point() && target.is_floating_point();
+      const auto from = c10::toString(dtype);
       const auto to = c10::toString(target.scalar_type());
       if (!options.cast() || !both_float) {
         problems.push_back(
@@ -169,8 +127,10 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
         continue;
       }
       cast = fmt::format("{}: {} -> {}", name, from, to);
-      value = value.to(target.scalar_type());
     }
+    // Made only now that its shape is the module's: a concatenation, and a cast.
+    torch::Tensor value = entry.value();
+    if (!cast.empty()) value = value.to(target.scalar_type());
     if (!options.allow_non_finite() && value.is_floating_point() && !all_finite(value)) {
       problems.push_back(
           fmt::format("{} holds NaN or Inf values{}", name, cast.empty() ? "" : " once cast"));
@@ -181,9 +141,9 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
     copies.emplace_back(target, value);
   }
   const auto derived = derived_names(module);
-  for (const auto& [name, value] : file) {
-    if (!by_name.count(name)) continue;
-    (derived.count(name) ? report.derived : report.unexpected).push_back(name);
+  for (const auto& entry : file) {
+    if (!by_name.count(entry.name)) continue;
+    (derived.count(entry.name) ? report.derived : report.unexpected).push_back(entry.name);
   }
   if (options.strict()) {
     if (!report.missing.empty()) {

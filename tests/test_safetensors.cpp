@@ -98,3 +98,55 @@ TEST_CASE("safetensors: malformed files are rejected with the reason", "[safeten
     CHECK_THROWS_C10(parse(b.bytes), c10::ValueError, b.fragment);
   }
 }
+
+TEST_CASE("safetensors: the header is read to its grammar, within three levels of nesting",
+          "[safetensors][errors]") {
+  const std::string eight(8, 'x');
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  // A million levels anywhere: refused at the fourth, with no stack and no tree.
+  for (const std::string& header :
+       {R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,8]}})",
+        R"({"w":{"dtype":)" + deep + "}}", R"({"w":{"data_offsets":[)" + deep + "]}}",
+        R"({"w":{"dtype":"F32","x":)" + deep + "}}", R"({"__metadata__":)" + deep + "}",
+        R"({"w":)" + deep + "}", "[" + deep + "]"}) {
+    INFO(header.substr(0, 40));
+    CHECK_THROWS_AS(parse(file_of(header, eight)), c10::ValueError);
+  }
+  CHECK_THROWS_C10(parse(file_of(R"({"w":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})")),
+                   c10::ValueError, "the header nests deeper than 3 levels");
+  // Fields other readers write are read past, however long, within the levels.
+  const std::string entry = R"("dtype":"F32","shape":[2],"data_offsets":[0,8])";
+  const auto extra = parse(
+      file_of(R"({"w":{)" + entry + R"(,"x":[1,"a",null],"y":)" + R"({"z":1},"t":true}})", eight));
+  REQUIRE(extra.size() == 1);
+  CHECK(extra[0].second.sizes() == c10::IntArrayRef{2});
+  CHECK_THROWS_C10(parse(file_of(R"({"w":{)" + entry + R"(,"x":[{"b":null}]}})", eight)),
+                   c10::ValueError, "the header nests deeper than 3 levels");
+  // Escapes in names are decoded.
+  const auto escaped = parse(file_of(R"({"w\u00e9\n":{)" + entry + "}}", eight));
+  CHECK(escaped[0].first == "w\xc3\xa9\n");
+}
+
+TEST_CASE("safetensors: names, dimensions and fields are bounded and given once",
+          "[safetensors][errors]") {
+  const std::string eight(8, 'x');
+  const std::string entry = R"({"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  CHECK(parse(file_of("{\"" + std::string(1024, 'n') + "\":" + entry + "}", eight)).size() == 1);
+  CHECK_THROWS_C10(parse(file_of("{\"" + std::string(1025, 'n') + "\":" + entry + "}", eight)),
+                   c10::ValueError, "a tensor name of 1025 characters (at most 1024 are read)");
+  CHECK_THROWS_C10(parse(file_of(R"({"w":)" + entry + R"(,"w":)" + entry + "}", eight)),
+                   c10::ValueError, "entry 'w' is given twice");
+  CHECK_THROWS_C10(
+      parse(file_of(R"({"w":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                    eight)),
+      c10::ValueError, "entry 'w' gives dtype twice");
+  std::string ones = "1";
+  for (int i = 1; i < 63; ++i) ones += ",1";
+  const auto dims = [&](const std::string& shape) {
+    return file_of(R"({"w":{"dtype":"F32","shape":[)" + shape + R"(],"data_offsets":[0,8]}})",
+                   eight);
+  };
+  CHECK(parse(dims(ones + ",2"))[0].second.dim() == 64);
+  CHECK_THROWS_C10(parse(dims(ones + ",1,2")), c10::ValueError,
+                   "entry 'w' has more than 64 dimensions");
+}

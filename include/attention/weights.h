@@ -75,7 +75,8 @@ struct ATTENTION_API LoadOptions {
   /// process there (fuzzing found a TorchScript type string that makes LibTorch 1.13's parser
   /// call std::terminate). safetensors and torch.save files are read either way: this library
   /// reads them itself, and its unpickler runs no code (the rules of PyTorch's
-  /// `torch.load(..., weights_only=True)`). Use `trusted(false)` for every file you did not make.
+  /// `torch.load(..., weights_only=True)`), within a budget of stack, memory and time set by the
+  /// file's size (docs/SECURITY.md). Use `trusted(false)` for every file you did not make.
   TORCH_ARG(bool, trusted) = true;
   /// For a checkpoint that holds more than the state dict
   /// (`{"model_state_dict": ..., "optimizer_state_dict": ..., "epoch": 3}`): the entry to load.
@@ -93,7 +94,9 @@ struct ATTENTION_API LoadOptions {
  public:
   /// Renames the file's names with rules applied in order, e.g.
   /// `rename({{"^attn\\.", ""}, {"\\.qkv\\.", ".in_proj."}})`. Throws c10::ValueError for a
-  /// pattern that is not a valid regular expression.
+  /// pattern that is not a valid regular expression. No rule sees a name over 1024 characters
+  /// (longer names are refused when a file is read, and a name the rules make longer stops the
+  /// load): std::regex takes stack in proportion to its subject.
   LoadOptions& rename(const std::vector<RenameRule>& rules);
   /// Renames the file's names with a function.
   LoadOptions& rename(NameMap map);
@@ -137,8 +140,10 @@ struct LoadReport {
 ///
 /// torch.save files are read by a restricted unpickler that runs no code and refuses every
 /// Python global outside PyTorch's `weights_only` allowlist, and safetensors holds nothing but
-/// tensors: both are safe for files you did not make. A TorchScript archive carries code: load it
-/// only from sources you trust (see LoadOptions::trusted).
+/// tensors: both are safe for files you did not make, and their readers keep to a budget of
+/// stack, memory (at most 32 times the file's size and 64 MiB beyond the tensors) and time (in
+/// proportion to the file's size) that docs/SECURITY.md states. A TorchScript archive carries
+/// code: load it only from sources you trust (see LoadOptions::trusted).
 ///
 /// Example:
 /// \code

@@ -13,8 +13,9 @@ namespace serialization {
 /// parse_safetensors() on any source.
 NamedTensors read_safetensors(const ByteSource& source);
 
-/// looks_like_safetensors() on the first bytes of a source.
-bool looks_like_safetensors(const ByteSource& source);
+/// True when `head` (the first bytes of a file of `size` bytes, at least 9 of them) starts like
+/// safetensors: a plausible header length, then '{'.
+bool safetensors_prefix(const std::string& head, uint64_t size);
 
 }  // namespace serialization
 }  // namespace attention

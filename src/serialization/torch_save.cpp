@@ -88,12 +88,6 @@ bool is_torchscript(const ZipArchive& archive) {
   return false;
 }
 
-bool looks_like_legacy_torch_save(const ByteSource& source) {
-  // PROTO 2, then LONG1 of 10 bytes: the magic number 0x1950a86a20f9469cfc6c.
-  static const std::string magic("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
-  return source.size() >= magic.size() && source.read_string(0, magic.size()) == magic;
-}
-
 Unpickled read_torch_save(const ZipArchive& archive, const std::string& source,
                           const UnpicklerLimits& limits) {
   const std::string dir = archive_directory(archive, source);
@@ -119,7 +113,9 @@ Unpickled read_torch_save(const ZipArchive& archive, const std::string& source,
     archive.read(record, storage.data_ptr());
     return storage;
   };
-  return unpickle(pickle, load, source, limits);
+  UnpicklerLimits budget = limits;
+  if (budget.file_size == 0) budget.file_size = static_cast<std::size_t>(archive.file_size());
+  return unpickle(pickle, load, source, budget);
 }
 
 std::string write_torch_save(const NamedTensors& tensors) {
@@ -172,42 +168,49 @@ NamedTensors state_dict_entries(const Unpickled& saved, const std::string& key,
   const Value& root = saved.at(saved.root);
   TORCH_CHECK_VALUE(root.kind == Kind::Dict, "'", source, "' holds ", describe(root.kind),
                     ", not a state dict (save one with torch.save(model.state_dict(), path))");
+  // An entry's name for messages, cut short.
   auto entry_name = [&](uint32_t id) -> std::string {
     const Value& k = saved.at(id);
-    return k.kind == Kind::String ? k.text : std::string("<") + describe(k.kind) + ">";
+    return k.kind == Kind::String ? excerpt(saved.text(id))
+                                  : std::string("<") + describe(k.kind) + ">";
   };
-  const Value* dict = &root;
+  const std::vector<uint32_t>* dict = &saved.items(saved.root);
   if (!key.empty()) {
     std::vector<std::string> keys;
-    const Value* found = nullptr;
-    for (std::size_t i = 0; i < root.items.size(); i += 2) {
-      keys.push_back(quoted(entry_name(root.items[i])));
-      const Value& k = saved.at(root.items[i]);
-      if (k.kind == Kind::String && k.text == key) found = &saved.at(root.items[i + 1]);
+    const std::vector<uint32_t>& items = *dict;
+    uint32_t found = 0;
+    bool has = false;
+    for (std::size_t i = 0; i < items.size(); i += 2) {
+      keys.push_back(quoted(entry_name(items[i])));
+      if (saved.at(items[i]).kind == Kind::String && saved.text(items[i]) == key) {
+        found = items[i + 1];
+        has = true;
+      }
     }
-    TORCH_CHECK_VALUE(found != nullptr, "'", source, "' has no entry '", key,
+    TORCH_CHECK_VALUE(has, "'", source, "' has no entry '", key,
                       "'; its entries: ", fmt::format("{}", fmt::join(keys, ", ")));
-    TORCH_CHECK_VALUE(found->kind == Kind::Dict, "'", source, "': entry '", key, "' is ",
-                      describe(found->kind), ", not a state dict");
-    dict = found;
+    TORCH_CHECK_VALUE(saved.at(found).kind == Kind::Dict, "'", source, "': entry '", key, "' is ",
+                      describe(saved.at(found).kind), ", not a state dict");
+    dict = &saved.items(found);
   }
   NamedTensors out;
   std::vector<std::string> others;  // entries that are not name -> tensor
   std::string state_dict_hint;      // a nested dict of tensors, for the checkpoint message
-  for (std::size_t i = 0; i < dict->items.size(); i += 2) {
-    const Value& k = saved.at(dict->items[i]);
-    const Value& v = saved.at(dict->items[i + 1]);
-    if (k.kind == Kind::String && v.kind == Kind::Tensor) {
-      out.emplace_back(k.text, v.tensor);
+  for (std::size_t i = 0; i < dict->size(); i += 2) {
+    const uint32_t k = (*dict)[i], v = (*dict)[i + 1];
+    const Kind key_kind = saved.at(k).kind, kind = saved.at(v).kind;
+    if (key_kind == Kind::String && kind == Kind::Tensor) {
+      out.emplace_back(saved.text(k), saved.tensor(v));
       continue;
     }
-    others.push_back(fmt::format("'{}' ({})", entry_name(dict->items[i]), describe(v.kind)));
-    if (v.kind == Kind::Dict && state_dict_hint.empty() && v.dict_size() > 0) {
+    others.push_back(fmt::format("'{}' ({})", entry_name(k), describe(kind)));
+    if (kind == Kind::Dict && state_dict_hint.empty() && saved.dict_size(v) > 0) {
       bool all_tensors = true;
-      for (std::size_t j = 1; j < v.items.size(); j += 2) {
-        all_tensors = all_tensors && saved.at(v.items[j]).kind == Kind::Tensor;
+      const std::vector<uint32_t>& nested = saved.items(v);
+      for (std::size_t j = 1; j < nested.size(); j += 2) {
+        all_tensors = all_tensors && saved.at(nested[j]).kind == Kind::Tensor;
       }
-      if (all_tensors) state_dict_hint = entry_name(dict->items[i]);
+      if (all_tensors) state_dict_hint = entry_name(k);
     }
   }
   if (!others.empty() && key.empty() && !state_dict_hint.empty()) {

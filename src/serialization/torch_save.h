@@ -18,10 +18,6 @@ namespace serialization {
 /// True when the archive is TorchScript (`torch.jit.save`), which holds code besides weights.
 bool is_torchscript(const ZipArchive& archive);
 
-/// True when the bytes start like the pre-1.6 torch.save format
-/// (`_use_new_zipfile_serialization=False`): a pickled magic number, no zip.
-bool looks_like_legacy_torch_save(const ByteSource& source);
-
 /// Unpickles a torch.save archive; throws c10::Error naming the source when it is not one or
 /// breaks a rule of the restricted unpickler.
 Unpickled read_torch_save(const ZipArchive& archive, const std::string& source,

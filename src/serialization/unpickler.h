@@ -8,7 +8,12 @@
 // and which only tags a type (read as the identity); any other is refused by name.
 //
 // Values live in one arena and refer to each other by index, so a pickle that makes a list hold
-// itself is harmless, and nothing is destroyed recursively.
+// itself is harmless, and nothing is destroyed recursively. The arena is counted in bytes against
+// a budget in proportion to the pickle's size (serialization/limits.h), and every opcode costs
+// time in proportion to the bytes it reads: a value used again through the memo is never copied,
+// re-encoded or re-hashed.
+
+#include "serialization/limits.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -18,7 +23,6 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace attention {
@@ -26,16 +30,22 @@ namespace serialization {
 
 /// Limits that bound the work and memory an unpickled file can demand.
 struct UnpicklerLimits {
-  /// Values the pickle may create (each opcode creates at most one).
-  std::size_t max_values = std::size_t{1} << 22;
-  /// Entries of the memo.
+  /// The size of the file the pickle came from, the basis of the budget below (0: the pickle's).
+  std::size_t file_size = 0;
+  /// The arena (values, texts, item lists, dict keys, tensor views; not the storages' data) may
+  /// take this many bytes per byte of the file...
+  std::size_t bytes_per_file_byte = kArenaBytesPerFileByte;
+  /// ... plus this many.
+  std::size_t bytes_constant = kArenaBytesConstant;
+  /// Memo slots: every memo index must be below it.
   std::size_t max_memo = std::size_t{1} << 20;
   /// Nesting of MARKs, and of tuples used as dict keys.
-  std::size_t max_depth = 256;
+  std::size_t max_depth = kMaxPickleDepth;
 };
 
+/// One value of the arena: 16 bytes, its payload by index in the arena's tables.
 struct Value {
-  enum class Kind {
+  enum class Kind : uint8_t {
     None,
     Bool,
     Int,
@@ -50,17 +60,12 @@ struct Value {
     Global
   };
   Kind kind = Kind::None;
-  int64_t integer = 0;  // Bool, Int
-  double real = 0;      // Float
-  std::string text;     // String, Bytes, Global ("module.name")
-  /// Tuple and List items; Dict keys and values interleaved (key, value, key, value, ...).
-  std::vector<uint32_t> items;
-  /// Dict: the position in `items` of each key's entry, by the key's canonical text.
-  std::unordered_map<std::string, std::size_t> index;
   bool ordered = false;  // Dict: a collections.OrderedDict
-  at::Tensor tensor;     // Tensor, Storage (a 1-d tensor over the whole storage)
-
-  std::size_t dict_size() const { return items.size() / 2; }
+  /// String, Bytes and Global ("module.name"): in Unpickled::texts; Tuple, List and Dict: in
+  /// Unpickled::sequences; Tensor and Storage (a 1-d tensor over the whole storage): in
+  /// Unpickled::tensors.
+  uint32_t slot = 0;
+  int64_t integer = 0;  // Bool, Int; Float: the bits of the double
 };
 
 /// The storage classes torch.save names in its persistent ids ("torch.FloatStorage"), one per
@@ -77,8 +82,24 @@ using StorageLoader =
 
 struct Unpickled {
   std::vector<Value> values;
+  std::vector<std::string> texts;
+  /// Tuple and List items; Dict keys and values interleaved (key, value, key, value, ...), each
+  /// key once (as Python compares keys), in the order of first insertion.
+  std::vector<std::vector<uint32_t>> sequences;
+  std::vector<at::Tensor> tensors;
   uint32_t root = 0;
+  /// The arena's size as counted against UnpicklerLimits.
+  std::size_t bytes = 0;
+
   const Value& at(uint32_t id) const { return values.at(id); }
+  /// The text of a String, Bytes or Global.
+  const std::string& text(uint32_t id) const;
+  /// The items of a Tuple, List or Dict.
+  const std::vector<uint32_t>& items(uint32_t id) const;
+  /// The tensor of a Tensor or Storage.
+  const at::Tensor& tensor(uint32_t id) const;
+  double real(uint32_t id) const;
+  std::size_t dict_size(uint32_t id) const { return items(id).size() / 2; }
 };
 
 /// Unpickles protocols 2 to 5 as torch.save writes them. Throws c10::Error for a refused global,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 namespace attention {
 namespace serialization {
@@ -64,10 +65,6 @@ CentralDirectory find_central_directory(const ByteSource& source) {
 
 }  // namespace
 
-bool looks_like_zip(const ByteSource& source) {
-  return source.size() >= 4 && le(source.read_string(0, 4), 0, 4) == kLocalHeader;
-}
-
 ZipArchive::ZipArchive(const ByteSource& source) : source_(source) {
   const std::string& file = source.name();
   const CentralDirectory cd = find_central_directory(source);
@@ -77,6 +74,11 @@ ZipArchive::ZipArchive(const ByteSource& source) : source_(source) {
   TORCH_CHECK(cd.entries <= cd.size / 46, "'", file, "' claims ", cd.entries,
               " records in a central directory of ", cd.size, " bytes");
   const std::string dir = source.read_string(cd.offset, static_cast<std::size_t>(cd.size));
+  struct Extent {
+    uint64_t begin, end;  // the local header to the end of the data
+    std::size_t index;    // in names_
+  };
+  std::vector<Extent> extents;
   std::size_t at = 0;
   for (uint64_t i = 0; i < cd.entries; ++i) {
     TORCH_CHECK(at + 46 <= dir.size() && le(dir, at, 4) == kCentralHeader, "'", file,
@@ -128,8 +130,22 @@ ZipArchive::ZipArchive(const ByteSource& source) : source_(source) {
                 name, "' (", size, " bytes) runs past the end of the file");
     TORCH_CHECK(records_.emplace(name, Record{data, size, crc, stored}).second, "'", file,
                 "' holds two records named '", name, "'");
+    extents.push_back({local, data + size, names_.size()});
     names_.push_back(std::move(name));
     at = end;
+  }
+  // Each record owns its bytes: entries that share or overlap records (a "zip bomb" of one
+  // record read many times), or records that reach into the central directory, are refused. So
+  // the records read hold at most the file's size between them.
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.index < b.index;
+  });
+  for (std::size_t i = 0; i < extents.size(); ++i) {
+    const uint64_t next = i + 1 < extents.size() ? extents[i + 1].begin : cd.offset;
+    TORCH_CHECK(extents[i].end <= next, "'", file, "': record '", names_[extents[i].index], "' ",
+                i + 1 < extents.size() ? "overlaps record '" + names_[extents[i + 1].index] + "'"
+                                       : std::string("runs into the central directory"),
+                " (zip records must not share bytes)");
   }
 }
 

@@ -15,15 +15,14 @@
 namespace attention {
 namespace serialization {
 
-/// True when the bytes start like a zip archive ("PK\3\4").
-bool looks_like_zip(const ByteSource& source);
-
 class ZipArchive {
  public:
   /// Reads the central directory; throws c10::Error naming the source when it is not a valid
   /// archive of stored records.
   explicit ZipArchive(const ByteSource& source);
 
+  /// The size of the whole archive.
+  uint64_t file_size() const { return source_.size(); }
   /// Record names, in the archive's order.
   const std::vector<std::string>& names() const { return names_; }
   bool has(const std::string& name) const { return records_.count(name) != 0; }

@@ -45,6 +45,13 @@ void load(const char* bytes, size_t size, const attention::LoadOptions& options)
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  load(reinterpret_cast<const char*>(data), size, attention::LoadOptions().trusted(false));
+  // The layouts and a rename rule in turn, so that each file meets each of them.
+  using attention::WeightLayout;
+  const WeightLayout layouts[] = {WeightLayout::Native, WeightLayout::TorchMultiheadAttention,
+                                  WeightLayout::Llama, WeightLayout::GPT2,
+                                  WeightLayout::BookMultiHeadAttentionWrapper};
+  auto options = attention::LoadOptions().trusted(false).layout(layouts[size % 5]);
+  if (size % 3 == 0) options.rename({{"^module\\.(.*)$", "$1"}});
+  load(reinterpret_cast<const char*>(data), size, options);
   return 0;
 }
