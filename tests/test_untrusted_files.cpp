@@ -106,7 +106,7 @@ std::string torch_save_file(const std::string& pickle,
 }
 
 // Pickle opcodes (protocol 2).
-const std::string kProto("\x80\x02", 2);
+const std::string kHostileProto("\x80\x02", 2);
 std::string text(const std::string& s) {
   return "X" + le(s.size(), 4) + s;
 }
@@ -198,7 +198,7 @@ const std::vector<HostileFile>& hostile_files() {
         {"torch.save: a 2 MiB name under the wrapper layout", "stack overflow in std::regex",
          [] {
            return torch_save_file(
-               kProto + "}(" +
+               kHostileProto + "}(" +
                    tensor_entry("heads.0." + std::string(2 << 20, 'b'), "0", 1, {1}, {1}) + "u.",
                {std::string(4, '\0')});
          },
@@ -207,7 +207,7 @@ const std::vector<HostileFile>& hostile_files() {
     out.push_back({"torch.save: two stride-0 (8192, 16384) views of one float, wrapper layout",
                    "+1033 MiB: the layout concatenated them before any shape check",
                    [] {
-                     std::string p = kProto + "}(";
+                     std::string p = kHostileProto + "}(";
                      for (const char* head : {"heads.0.W_query.weight", "heads.1.W_query.weight"}) {
                        p += tensor_entry(head, "0", 1, {8192, 16384}, {0, 0});
                      }
@@ -218,7 +218,7 @@ const std::vector<HostileFile>& hostile_files() {
     out.push_back({"torch.save: 100 directory entries sharing one 4 MiB record",
                    "+414 MiB from 4.2 MB: each entry read into a storage of its own",
                    [] {
-                     std::string p = kProto + "}(";
+                     std::string p = kHostileProto + "}(";
                      for (int i = 0; i < 100; ++i) {
                        p += tensor_entry("w" + std::to_string(i), std::to_string(i), 1 << 20,
                                          {1 << 20}, {1});
@@ -228,25 +228,25 @@ const std::vector<HostileFile>& hostile_files() {
                    untrusted, "(zip records must not share bytes)"});
     out.push_back(
         {"torch.save: 2^22 - 8 NONE opcodes", "+645 MiB: values were counted, not bytes",
-         [] { return torch_save_file(kProto + std::string((1 << 22) - 8, 'N') + "."); },
+         [] { return torch_save_file(kHostileProto + std::string((1 << 22) - 8, 'N') + "."); },
          // Within the budget either way: the arena refused, or the pickle read to its end.
          untrusted, "values of more than|holds None, not a state dict"});
     out.push_back({"torch.save: _codecs.encode of one memoized 16 MiB text, 60 times",
                    "+1087 MiB: each call kept a copy",
                    [] {
                      const std::string call("h\x01(h\x00h\x02tR0", 10);
-                     return torch_save_file(kProto + text(std::string(16 << 20, 'a')) +
+                     return torch_save_file(kHostileProto + text(std::string(16 << 20, 'a')) +
                                             std::string("q\x00", 2) + "c_codecs\nencode\nq\x01" +
                                             text("latin1") + "q\x02" + repeat(call, 60) + "N.");
                    },
                    untrusted, "holds None, not a state dict"});
-    out.push_back({"torch.save: a dict key of 30 nested pairs",
-                   "hang: the key's text doubled per level",
-                   [] { return torch_save_file(kProto + "})" + repeat("2\x86", 30) + "Ns."); },
-                   untrusted, "not all name -> tensor"});
+    out.push_back(
+        {"torch.save: a dict key of 30 nested pairs", "hang: the key's text doubled per level",
+         [] { return torch_save_file(kHostileProto + "})" + repeat("2\x86", 30) + "Ns."); },
+         untrusted, "not all name -> tensor"});
     out.push_back({"torch.save: one 4 MiB key set 10^6 times", "hang: each SETITEM rebuilt the key",
                    [] {
-                     return torch_save_file(kProto + "}" + text(std::string(4 << 20, 'k')) +
+                     return torch_save_file(kHostileProto + "}" + text(std::string(4 << 20, 'k')) +
                                             std::string("q\x00"
                                                         "0"
                                                         "Nq\x01"
@@ -415,7 +415,8 @@ TEST_CASE("untrusted files: names are bounded before any regular expression sees
                    "'w'); names over 1024 characters are refused");
   // torch.save names are bounded as well, for every layout.
   const std::string long_head = torch_save_file(
-      kProto + "}(" + tensor_entry("heads.0." + std::string(1100, 'b'), "0", 1, {1}, {1}) + "u.",
+      kHostileProto + "}(" + tensor_entry("heads.0." + std::string(1100, 'b'), "0", 1, {1}, {1}) +
+          "u.",
       {std::string(4, '\0')});
   CHECK_THROWS_C10(
       attention::load_weights_from_memory(
@@ -428,7 +429,7 @@ TEST_CASE("untrusted files: names are bounded before any regular expression sees
 TEST_CASE("untrusted files: zip records that share or overlap bytes are refused",
           "[weights][untrusted]") {
   auto module = target_module();
-  const std::string pickle = kProto + "}(" + tensor_entry("a", "0", 1, {1}, {1}) +
+  const std::string pickle = kHostileProto + "}(" + tensor_entry("a", "0", 1, {1}, {1}) +
                              tensor_entry("b", "1", 1, {1}, {1}) + "u.";
   const std::string four(4, '\0');
   // Two entries, one record.
@@ -468,7 +469,7 @@ TEST_CASE("untrusted files: a layout checks shapes before it concatenates",
   // view of any size is refused by its shape, not by an allocation.
   auto module = target_module();
   const auto before = test::snapshot(*module);
-  std::string p = kProto + "}(";
+  std::string p = kHostileProto + "}(";
   for (int h = 0; h < 3; ++h) {
     for (const char* w : {"W_query", "W_key", "W_value"}) {
       p += tensor_entry("heads." + std::to_string(h) + "." + w + ".weight", "0", 1,
@@ -482,7 +483,7 @@ TEST_CASE("untrusted files: a layout checks shapes before it concatenates",
                    "shape of W_query.weight: module (9, 8), file (3298534883328, 8)");
   CHECK(test::unchanged(*module, before));
   // Stride-0 heads of the module's shape load, and are checked for NaN without being copied whole.
-  std::string q = kProto + "}(";
+  std::string q = kHostileProto + "}(";
   for (int h = 0; h < 3; ++h) {
     for (const char* w : {"W_query", "W_key", "W_value"}) {
       q += tensor_entry("heads." + std::to_string(h) + "." + w + ".weight", "0", 1, {3, 8}, {0, 0});
@@ -498,7 +499,7 @@ TEST_CASE("untrusted files: a stride-0 view of a module's shape is checked for N
   // A (1, 2^21) weight of one float: its single row is over the NaN check's slice, which is then
   // taken a dimension lower (never the same view again).
   torch::nn::Linear linear(int64_t{1} << 21, 1);
-  const std::string p = kProto + "}(" +
+  const std::string p = kHostileProto + "}(" +
                         tensor_entry("weight", "0", 1, {1, int64_t{1} << 21}, {0, 0}) +
                         tensor_entry("bias", "0", 1, {1}, {1}) + "u.";
   const std::string file = torch_save_file(p, {le(0x40400000, 4)});  // 3.0f
