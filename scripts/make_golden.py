@@ -275,9 +275,56 @@ def case_list():
             llama3_scaling=[8.0, 1.0, 4.0, 16.0]), [[2, 40, 8]], "float64",
         forward=dict(decode=[1, 7, 16, 3, 13], sliding_cache=7), mode="inference", path="math")
 
+    varlen_cases(cases, add, mha)
     for i, case in enumerate(cases):
-        case["seed"] = 123 if case["article"] else 1000 + i
+        case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
+
+
+def varlen_cases(cases, add, mha):
+    """Packed sequences of different lengths (functional::varlen_attention): forward["packed"]
+    holds the sequences' lengths, forward["packed_context"] their context's (cross-attention).
+    Python runs the book's MultiHeadAttention on each sequence alone and joins the outputs; the
+    C++ harness projects the packed tokens with the module's weights and computes every sequence
+    in one varlen_attention call. Seeds of their own, so that cases added before them keep theirs."""
+    def packed(name, args, lengths, dtype="float32", context=None, **kw):
+        forward = dict(packed=lengths, backend=kw.pop("backend", "auto"))
+        shapes = [[sum(lengths), args["d_in"]]]
+        if context is not None:
+            forward.update(context=True, packed_context=context)
+            shapes.append([sum(context), args["d_in_kv"]])
+        add(name, "MultiHeadAttention", args, shapes, dtype, forward=forward, **kw)
+        cases[-1]["seed"] = 4100 + len(names)
+        names.append(name)
+
+    names = []
+    packed("varlen_causal_gqa_math", mha(8, 16, 4, num_kv_heads=2), [5, 0, 13, 1, 7], "float64",
+           backend="math", path="math")
+    packed("varlen_causal_chunked_float64", mha(8, 16, 4, num_kv_heads=2, context_length=700),
+           [300, 17, 0, 700, 1], "float64", backend="chunked", path="chunked_fused")
+    packed("varlen_auto_chunked_float32", mha(8, 16, 4, context_length=900), [600, 900, 40],
+           path="chunked_fused", mode="inference")
+    packed("varlen_auto_small_math", mha(8, 8, 2), [3, 9, 1], path="math")
+    packed("varlen_window_softcap_alibi_sinks_chunked_float64",
+           mha(8, 16, 4, num_kv_heads=2, context_length=513, sliding_window=37, softcap=2.0,
+               alibi=True, sinks=True), [200, 513, 64, 0, 3], "float64", magnitude=3.0,
+           backend="chunked", path="chunked_fused")
+    packed("varlen_not_causal_window_chunked_float64",
+           mha(8, 16, 4, causal=False, context_length=400, sliding_window=9), [400, 31, 129],
+           "float64", backend="chunked", path="chunked_fused")
+    packed("varlen_cross_top_left_chunked_float64",
+           mha(6, 8, 2, d_in_kv=4, context_length=600, top_left=True), [5, 40, 0, 300],
+           "float64", context=[9, 20, 7, 600], backend="chunked", path="chunked_fused")
+    # Bottom-right: each sequence's queries are the last of its keys' positions, which ALiBi's
+    # distances show (the book's code takes that alignment on its variants' path).
+    packed("varlen_cross_bottom_right_decode_alibi_math",
+           mha(6, 8, 2, d_in_kv=4, context_length=33, alibi=True), [1, 3, 1, 2], "float64",
+           context=[10, 4, 33, 0], backend="math", path="math")
+    packed("varlen_inference_bfloat16", mha(16, 32, 4, context_length=700), [300, 50, 700],
+           "bfloat16", backend="chunked", path="chunked_fused", mode="inference")
+    packed("varlen_not_causal_native", mha(8, 8, 2, causal=False), [6, 11, 2], backend="native",
+           path="native")
+    return names
 
 
 def make_inputs(case, dtype):
@@ -366,6 +413,9 @@ def run_mha(case, module, inputs, masks):
                 out.update({"W_query.bias": bq, "W_key.bias": bk, "W_value.bias": bv})
             return out
         return output, weights, grads
+    if "packed" in forward:
+        return packed_mha(module, x, context, forward), None, \
+            lambda: {n: p.grad for n, p in module.named_parameters()}
     output = module(x, context, padding, attn_mask)
     weights = None
     if need_weights:
@@ -374,6 +424,21 @@ def run_mha(case, module, inputs, masks):
             if average:
                 weights = weights.mean(dim=1)
     return output, weights, lambda: {n: p.grad for n, p in module.named_parameters()}
+
+
+def packed_mha(module, x, context, forward):
+    """The book's module on each packed sequence alone (a batch of one), the outputs joined along
+    the tokens again: x (total, d_in), context (total_kv, d_in_kv) or None."""
+    lengths = forward["packed"]
+    context_lengths = forward.get("packed_context", lengths)
+    outputs, start, start_kv = [], 0, 0
+    for n, n_kv in zip(lengths, context_lengths):
+        x_s = x[start:start + n][None]
+        c_s = None if context is None else context[start_kv:start_kv + n_kv][None]
+        if n > 0:
+            outputs.append(module(x_s, c_s)[0])
+        start, start_kv = start + n, start_kv + n_kv
+    return torch.cat(outputs, 0)
 
 
 def run_inference(case):

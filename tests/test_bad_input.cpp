@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <limits>
 
 namespace {
 
@@ -549,12 +550,129 @@ std::vector<BadInput> cases() {
   };
 }
 
-}  // namespace
+// functional::varlen_attention: packed tensors, the sequences' offsets (their dtype, device,
+// shape, order, ends and extremes) and the options it refuses.
+std::vector<BadInput> varlen_cases() {
+  constexpr const char* kName = "attention::functional::varlen_attention: ";
+  const auto q = torch::randn({10, 4, 8}), k = torch::randn({12, 2, 8}),
+             v = torch::randn({12, 2, 3});
+  const auto offsets = [](std::vector<int64_t> values, torch::Dtype dtype = torch::kLong) {
+    return torch::tensor(values, torch::kLong).to(dtype);
+  };
+  const auto cu_q = offsets({0, 4, 10}), cu_k = offsets({0, 5, 12});
+  using O = F::ScaledDotProductAttentionOptions;
+  const auto varlen = [=](torch::Tensor q_, torch::Tensor k_, torch::Tensor v_, torch::Tensor cq,
+                          torch::Tensor ck,
+                          O o = {}) { return [=] { F::varlen_attention(q_, k_, v_, cq, ck, o); }; };
+  const auto with_q_offsets = [=](torch::Tensor cq) { return varlen(q, k, v, cq, cu_k); };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const std::string ends_q = std::string(kName) +
+                             "expected cu_seqlens_q to end at total_q (the queries' first "
+                             "dimension) = 10, got ";
+  return {
+      {"varlen: undefined query", varlen(torch::Tensor(), k, v, cu_q, cu_k), Kind::Value,
+       std::string(kName) + "expected defined query, key and value tensors"},
+      {"varlen: batched (B, T, H, d) query", varlen(q.unsqueeze(0), k, v, cu_q, cu_k), Kind::Value,
+       std::string(kName) +
+           "expected packed query (total_q, H, d), key (total_k, Hkv, d) and value (total_k, Hkv, "
+           "dv) with H a multiple of Hkv >= 1, got query (1, 10, 4, 8), key (12, 2, 8), value "
+           "(12, 2, 3)"},
+      {"varlen: feature sizes differ", varlen(q, torch::randn({12, 2, 7}), v, cu_q, cu_k),
+       Kind::Value, "got query (10, 4, 8), key (12, 2, 7), value (12, 2, 3)"},
+      {"varlen: keys and values of other token counts",
+       varlen(q, k, torch::randn({11, 2, 3}), cu_q, cu_k), Kind::Value, "value (11, 2, 3)"},
+      {"varlen: H not a multiple of Hkv", varlen(q, torch::randn({12, 3, 8}), v, cu_q, cu_k),
+       Kind::Value, "with H a multiple of Hkv >= 1"},
+      {"varlen: no key/value heads",
+       varlen(q, torch::randn({12, 0, 8}), torch::randn({12, 0, 3}), cu_q, cu_k), Kind::Value,
+       "with H a multiple of Hkv >= 1"},
+      {"varlen: dtypes differ", varlen(q, k.to(torch::kDouble), v, cu_q, cu_k), Kind::Type,
+       std::string(kName) + "expected query, key and value of one dtype, got Float, Double, Float"},
+      {"varlen: half on the CPU",
+       varlen(q.to(torch::kHalf), k.to(torch::kHalf), v.to(torch::kHalf), cu_q, cu_k), Kind::Type,
+       "expected Float, Double or BFloat16 on the CPU, got Half"},
+      {"varlen: devices differ", varlen(q, torch::empty({12, 2, 8}, torch::kMeta), v, cu_q, cu_k),
+       Kind::Other, "expected query, key and value on one device, got cpu, meta, cpu"},
+      {"varlen: undefined offsets", with_q_offsets(torch::Tensor()), Kind::Value,
+       std::string(kName) + "expected a defined cu_seqlens_q tensor"},
+      {"varlen: float offsets", with_q_offsets(offsets({0, 4, 10}, torch::kFloat)), Kind::Type,
+       std::string(kName) + "expected cu_seqlens_q of dtype Int or Long, got Float"},
+      {"varlen: int16 offsets", varlen(q, k, v, cu_q, offsets({0, 5, 12}, torch::kShort)),
+       Kind::Type, "expected cu_seqlens_k of dtype Int or Long, got Short"},
+      {"varlen: offsets on another device",
+       with_q_offsets(
+           torch::empty({3}, torch::TensorOptions().dtype(torch::kLong).device(torch::kMeta))),
+       Kind::Other,
+       std::string(kName) +
+           "expected cu_seqlens_q on the CPU or on the queries' device (cpu), got meta"},
+      {"varlen: offsets of rank 2", with_q_offsets(cu_q.view({1, 3})), Kind::Value,
+       std::string(kName) +
+           "expected cu_seqlens_q of shape (S + 1,) for S >= 0 sequences, got (1, 3)"},
+      {"varlen: no offsets at all", with_q_offsets(offsets({})), Kind::Value,
+       "expected cu_seqlens_q of shape (S + 1,) for S >= 0 sequences, got (0,)"},
+      {"varlen: offsets that do not start at 0", with_q_offsets(offsets({1, 4, 10})), Kind::Value,
+       std::string(kName) + "expected cu_seqlens_q to start at 0, got 1"},
+      {"varlen: offsets that start at -1", with_q_offsets(offsets({-1, 4, 10})), Kind::Value,
+       "expected cu_seqlens_q to start at 0, got -1"},
+      {"varlen: decreasing offsets", with_q_offsets(offsets({0, 7, 4, 10})), Kind::Value,
+       std::string(kName) + "expected nondecreasing cu_seqlens_q, got 4 after 7 (entry 2)"},
+      {"varlen: offsets past the keys", varlen(q, k, v, cu_q, offsets({0, 5, 13})), Kind::Value,
+       std::string(kName) +
+           "expected cu_seqlens_k to end at total_k (the keys' first dimension) = 12, got 13"},
+      {"varlen: offsets short of the queries", with_q_offsets(offsets({0, 4, 9})), Kind::Value,
+       ends_q + "9"},
+      {"varlen: one offset, tokens left over", varlen(q, k, v, offsets({0}), offsets({0})),
+       Kind::Value, ends_q + "0"},
+      {"varlen: offsets of 1", with_q_offsets(offsets({0, 1})), Kind::Value, ends_q + "1"},
+      {"varlen: offsets of 2^31", with_q_offsets(offsets({0, int64_t{1} << 31})), Kind::Value,
+       ends_q + "2147483648"},
+      {"varlen: offsets of INT64_MAX", with_q_offsets(offsets({0, 4, kMax})), Kind::Value,
+       ends_q + "9223372036854775807"},
+      {"varlen: INT64_MAX, then 10", with_q_offsets(offsets({0, kMax, 10})), Kind::Value,
+       "expected nondecreasing cu_seqlens_q, got 10 after 9223372036854775807 (entry 2)"},
+      {"varlen: INT64_MIN", with_q_offsets(offsets({0, std::numeric_limits<int64_t>::min(), 10})),
+       Kind::Value, "got -9223372036854775808 after 0 (entry 1)"},
+      {"varlen: int32 INT32_MAX",
+       with_q_offsets(offsets({0, std::numeric_limits<int32_t>::max()}, torch::kInt)), Kind::Value,
+       ends_q + "2147483647"},
+      {"varlen: int32 INT32_MIN",
+       with_q_offsets(offsets({0, 4, std::numeric_limits<int32_t>::min()}, torch::kInt)),
+       Kind::Value, "got -2147483648 after 4 (entry 2)"},
+      {"varlen: counts of sequences differ", varlen(q, k, v, cu_q, offsets({0, 5, 5, 12})),
+       Kind::Value,
+       std::string(kName) +
+           "expected cu_seqlens_q and cu_seqlens_k of one length (S + 1 for S sequences), got 3 "
+           "and 4 entries"},
+      {"varlen: attn_mask", varlen(q, k, v, cu_q, cu_k, O().attn_mask(torch::ones({10, 12}))),
+       Kind::Value,
+       std::string(kName) +
+           "takes no attn_mask (each query sees the keys of its own sequence, through is_causal "
+           "and the window); use scaled_dot_product_attention per sequence for a mask"},
+      {"varlen: need_weights", varlen(q, k, v, cu_q, cu_k, O().need_weights(true)), Kind::Value,
+       std::string(kName) + "returns no attention weights (need_weights)"},
+      {"varlen: sinks of another count", varlen(q, k, v, cu_q, cu_k, O().sinks(torch::zeros({3}))),
+       Kind::Value,
+       std::string(kName) + "expected sinks of shape (4,), one per query head, got (3,)"},
+      {"varlen: ALiBi slopes of another count",
+       varlen(q, k, v, cu_q, cu_k, O().alibi_slopes(F::alibi_slopes(2))), Kind::Value,
+       "expected alibi_slopes of shape (4,), one per query head, got (2,)"},
+      {"varlen: block_size 0", varlen(q, k, v, cu_q, cu_k, O().block_size(0)), Kind::Value,
+       "expected block_size > 0, got 0"},
+      {"varlen: negative window", varlen(q, k, v, cu_q, cu_k, O().window_left(-1)), Kind::Value,
+       "expected window_left >= 0 (unset for no bound), got -1"},
+      {"varlen: dropout on Chunked",
+       varlen(q, k, v, cu_q, cu_k, O().dropout_p(0.5).backend(F::Backend::Chunked)), Kind::Other,
+       std::string(kName) + "the Chunked backend computes neither attention weights nor dropout"},
+      {"varlen: ALiBi on Native",
+       varlen(q, k, v, cu_q, cu_k,
+              O().alibi_slopes(F::alibi_slopes(4).to(torch::kFloat)).backend(F::Backend::Native)),
+       Kind::Other,
+       std::string(kName) + "the Native backend computes neither soft-capping, ALiBi nor attention "
+                            "sinks"},
+  };
+}
 
-TEST_CASE("bad input: each case raises the right error type with a message that says what to fix",
-          "[errors]") {
-  const auto table = cases();
-  CHECK(table.size() >= 80);
+void check_table(const std::vector<BadInput>& table) {
   for (const auto& c : table) {
     INFO(c.what);
     switch (c.kind) {
@@ -569,6 +687,20 @@ TEST_CASE("bad input: each case raises the right error type with a message that 
         break;
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("bad input: each case raises the right error type with a message that says what to fix",
+          "[errors]") {
+  const auto table = cases();
+  CHECK(table.size() >= 80);
+  check_table(table);
+}
+
+TEST_CASE("bad input: varlen_attention names what is wrong with packed tensors and offsets",
+          "[errors][varlen]") {
+  check_table(varlen_cases());
 }
 
 TEST_CASE("bad input: an empty sequence (T = 0) gives an empty output from every module",

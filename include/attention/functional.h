@@ -194,5 +194,48 @@ ATTENTION_API torch::Tensor projected_attention(
     const torch::Tensor& W_key, const torch::Tensor& W_value,
     const ScaledDotProductAttentionOptions& options = {});
 
+/// Attention over sequences of different lengths packed one after another, without padding
+/// (FlashAttention's `flash_attn_varlen_func` layout): `query` (total_q, H, d), `key`
+/// (total_k, Hkv, d) and `value` (total_k, Hkv, d_v) hold the tokens of every sequence, the
+/// queries of sequence s in rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) and its keys and values
+/// in rows [cu_seqlens_k[s], cu_seqlens_k[s + 1]). Returns (total_q, H, d_v): each sequence's
+/// rows are what scaled_dot_product_attention() gives for that sequence alone, (H, Tq_s, d) against
+/// (Hkv, Tk_s, d). The cost is the sum over the sequences of Tq_s x Tk_s, not S x max Tq x max Tk.
+///
+/// The offsets: 1-D int32 or int64 tensors of S + 1 entries (S >= 0 sequences), on the CPU or on
+/// the queries' device (they are read to the host once), each starting at 0, nondecreasing, and
+/// ending at total_q and total_k. A sequence may have no queries or no keys (its queries then see
+/// nothing: zeros).
+///
+/// The options hold per sequence: is_causal with its causal_alignment (with Tq_s != Tk_s the
+/// queries of a sequence are the last Tq_s of its Tk_s positions, or its first with TopLeft),
+/// window_left and window_right, ALiBi's distances, soft-capping, sinks, the scale, grouped-query
+/// heads, dropout (Math), the backend and block_size. attn_mask and need_weights are refused by
+/// name (a mask over the packed tokens would be quadratic in the whole batch; call
+/// scaled_dot_product_attention per sequence for masks and weights). Auto picks Math for small
+/// problems (fewer than kAutoChunkedScores scores over all sequences) or dropout, else Chunked,
+/// whose fused CPU kernels compute every sequence in one parallel pass, forward and backward.
+///
+/// Throws c10::ValueError for shapes, offsets and option values, c10::TypeError for dtypes (of the
+/// offsets too), c10::Error for devices and for what the chosen backend cannot do; every message
+/// names this function, what it expected and what it got.
+///
+/// Example:
+/// \code
+/// namespace F = attention::functional;
+/// // Three prompts of 5, 0 and 3 tokens, 4 query heads sharing 2 key/value heads.
+/// torch::Tensor q = torch::randn({8, 4, 16}), k = torch::randn({8, 2, 16});
+/// torch::Tensor v = torch::randn({8, 2, 16});
+/// torch::Tensor cu_seqlens = torch::tensor({0, 5, 5, 8}, torch::kInt);
+/// torch::Tensor out = F::varlen_attention(q, k, v, cu_seqlens, cu_seqlens,
+///                                         F::ScaledDotProductAttentionOptions().is_causal(true));
+/// // out: (8, 4, 16); out.narrow(0, 5, 3) is the causal attention of the last prompt alone.
+/// \endcode
+ATTENTION_API torch::Tensor varlen_attention(const torch::Tensor& query, const torch::Tensor& key,
+                                             const torch::Tensor& value,
+                                             const torch::Tensor& cu_seqlens_q,
+                                             const torch::Tensor& cu_seqlens_k,
+                                             const ScaledDotProductAttentionOptions& options = {});
+
 }  // namespace functional
 }  // namespace attention

@@ -13,6 +13,7 @@ namespace {
 
 constexpr const char* kSdpa = "attention::functional::scaled_dot_product_attention";
 constexpr const char* kProjected = "attention::functional::projected_attention";
+constexpr const char* kVarlen = "attention::functional::varlen_attention";
 
 thread_local Path last = Path::None;
 
@@ -51,8 +52,7 @@ void check_supported(const kernels::Problem& p, Backend backend, const torch::Te
 // training as well (README, Performance), so Auto never picks Native.
 Backend choose(const kernels::Problem& p) {
   if (p.need_weights || p.dropout_p > 0.0 || p.mask_needs_grad) return Backend::Math;
-  const double scores = static_cast<double>(p.n * p.g * p.t_q) * static_cast<double>(p.t_k);
-  if (scores < static_cast<double>(kAutoChunkedScores)) return Backend::Math;
+  if (p.score_count() < static_cast<double>(kAutoChunkedScores)) return Backend::Math;
   return Backend::Chunked;
 }
 
@@ -102,6 +102,18 @@ AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const t
                                              const torch::Tensor& value,
                                              const ScaledDotProductAttentionOptions& options) {
   return run(kernels::make_problem(query, key, value, options, kSdpa), query, key, value);
+}
+
+torch::Tensor varlen_attention(const torch::Tensor& query, const torch::Tensor& key,
+                               const torch::Tensor& value, const torch::Tensor& cu_seqlens_q,
+                               const torch::Tensor& cu_seqlens_k,
+                               const ScaledDotProductAttentionOptions& options) {
+  const auto p =
+      kernels::make_varlen_problem(query, key, value, cu_seqlens_q, cu_seqlens_k, options, kVarlen);
+  // Every backend reads the packed tokens as one batch of H heads, (H, total, d) views; the
+  // output comes back in the packed layout (total_q, H, dv).
+  const auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1); };
+  return run(p, heads_first(query), heads_first(key), heads_first(value)).output.transpose(0, 1);
 }
 
 torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor& x_kv,

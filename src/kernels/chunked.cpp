@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 
 namespace attention {
 namespace kernels {
@@ -354,6 +355,11 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     ctx->saved_data["alibi"] = problem.alibi;
     ctx->saved_data["lead"] = problem.lead;
     ctx->saved_data["scale"] = problem.scale;
+    ctx->saved_data["top_left"] = problem.alignment == functional::CausalAlignment::TopLeft;
+    if (problem.packed()) {
+      ctx->saved_data["query_offsets"] = problem.sequences->query_offsets;
+      ctx->saved_data["key_offsets"] = problem.sequences->key_offsets;
+    }
     return out;
   }
 
@@ -379,6 +385,12 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     p.lead = ctx->saved_data["lead"].toIntVector();
     p.mask = ctx->saved_data["mask"].toTensor();
     p.scale = ctx->saved_data["scale"].toDouble();
+    if (ctx->saved_data["top_left"].toBool()) p.alignment = functional::CausalAlignment::TopLeft;
+    if (ctx->saved_data.find("query_offsets") != ctx->saved_data.end()) {
+      p.sequences =
+          std::make_shared<const Sequences>(ctx->saved_data["query_offsets"].toIntVector(),
+                                            ctx->saved_data["key_offsets"].toIntVector());
+    }
     auto [dq, dk, dv] =
         backward_with_lse(p, saved[0], saved[1], saved[2], saved[3], saved[4], grads[0]);
     const auto& sinks = saved[5];
@@ -393,6 +405,11 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
 
 functional::AttentionOutput chunked(const Problem& problem, const Tensor& query, const Tensor& key,
                                     const Tensor& value) {
+  // Packed sequences: the fused CPU kernels take every sequence in one parallel pass, forward and
+  // backward; the device-generic tiles take one sequence at a time.
+  if (problem.packed() && !fused_cpu_applies(query)) {
+    return each_sequence(problem, query, key, value, chunked);
+  }
   // The tiles index the mask per query matrix: it is expanded (a view) to the scores' shape.
   Problem p = problem;
   p.mask = problem.expanded_mask();

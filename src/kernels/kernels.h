@@ -27,6 +27,18 @@ functional::AttentionOutput chunked(const Problem& p, const torch::Tensor& query
 functional::AttentionOutput native(const Problem& p, const torch::Tensor& query,
                                    const torch::Tensor& key, const torch::Tensor& value);
 
+/// A backend's signature: math, chunked and native.
+using Kernel = functional::AttentionOutput (*)(const Problem&, const torch::Tensor&,
+                                               const torch::Tensor&, const torch::Tensor&);
+
+/// A packed problem (Problem::packed) one sequence at a time: `kernel` on each sequence's problem
+/// (Problem::sequence) and its rows of the (H, total, d) inputs (Math where that problem is
+/// degenerate), the outputs joined, (H, total_q, dv), in memory as (total_q, H, dv). Math and
+/// Native compute packed problems so; with autograd through the joins.
+functional::AttentionOutput each_sequence(const Problem& p, const torch::Tensor& query,
+                                          const torch::Tensor& key, const torch::Tensor& value,
+                                          Kernel kernel);
+
 /// Whether tiny() can take these (validated) inputs: CPU, float or double, contiguous, at most 64
 /// tokens and 64 features. The caller checks that no gradient, mask, dropout or weights are needed.
 bool tiny_applies(const torch::Tensor& x_q, const torch::Tensor& x_kv, const torch::Tensor& w_q,

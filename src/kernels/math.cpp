@@ -39,6 +39,7 @@ Tensor softmax_last_dim(const Tensor& scores) {
 
 functional::AttentionOutput math(const Problem& p, const Tensor& query, const Tensor& key,
                                  const Tensor& value) {
+  if (p.packed()) return each_sequence(p, query, key, value, math);
   const bool grouped = p.g != 1;
   Tensor scores = (grouped ? fold_groups(query, p.kv_heads) : query).matmul(key.transpose(-2, -1));
   if (grouped) scores = unfold_groups(scores, p.heads);

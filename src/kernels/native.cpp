@@ -14,6 +14,7 @@ namespace kernels {
 
 functional::AttentionOutput native(const Problem& p, const torch::Tensor& query,
                                    const torch::Tensor& key, const torch::Tensor& value) {
+  if (p.packed()) return each_sequence(p, query, key, value, native);
   torch::Tensor k = key, v = value;
   if (p.g != 1) {
     // Grouped-query attention: LibTorch before 2.5 has no enable_gqa.

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <utility>
 
 namespace attention {
 namespace kernels {
@@ -52,6 +54,28 @@ void check_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::
                     ": expected query (..., H, Tq, d) and key (..., Hkv, Tk, d) with equal leading "
                     "dimensions and H a multiple of Hkv >= 1, got query ",
                     shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
+}
+
+// Packed sequences: query (total_q, H, d), key (total_k, Hkv, d), value (total_k, Hkv, dv).
+void check_packed_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const char* caller) {
+  TORCH_CHECK_VALUE(q.defined() && k.defined() && v.defined(), caller,
+                    ": expected defined query, key and value tensors");
+  const bool shapes_ok = q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.size(2) == k.size(2) &&
+                         k.size(0) == v.size(0) && k.size(1) == v.size(1) &&
+                         (k.size(1) > 0 ? q.size(1) % k.size(1) == 0 : q.size(1) == 0);
+  TORCH_CHECK_VALUE(shapes_ok, caller,
+                    ": expected packed query (total_q, H, d), key (total_k, Hkv, d) and value "
+                    "(total_k, Hkv, dv) with H a multiple of Hkv >= 1, got query ",
+                    shape_str(q.sizes()), ", key ", shape_str(k.sizes()), ", value ",
+                    shape_str(v.sizes()));
+  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), caller,
+                   ": expected query, key and value of one dtype, got ", q.scalar_type(), ", ",
+                   k.scalar_type(), ", ", v.scalar_type());
+  check_dtype(q.scalar_type(), q.device(), caller);
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), caller,
+              ": expected query, key and value on one device, got ", q.device(), ", ", k.device(),
+              ", ", v.device());
 }
 
 void check_projections(const torch::Tensor& x_q, const torch::Tensor& x_kv,
@@ -148,6 +172,34 @@ void check_mask(const torch::Tensor& mask, const torch::Tensor& q, c10::IntArray
 
 }  // namespace
 
+Sequences::Sequences(std::vector<int64_t> queries, std::vector<int64_t> keys)
+    : query_offsets(std::move(queries)), key_offsets(std::move(keys)) {
+  for (int64_t s = 0; s < count(); ++s) {
+    max_queries = std::max(max_queries, this->queries(s));
+    max_keys = std::max(max_keys, this->keys(s));
+    score_pairs += static_cast<double>(this->queries(s)) * static_cast<double>(this->keys(s));
+  }
+}
+
+Problem Problem::sequence(int64_t s) const {
+  Problem view = *this;
+  view.sequences = nullptr;
+  view.t_q = sequences->queries(s);
+  view.t_k = sequences->keys(s);
+  view.query_offset = alignment == functional::CausalAlignment::TopLeft ? 0 : view.t_k - view.t_q;
+  // As describe() does for a whole problem: a window that spans the sequence hides no key.
+  const int64_t widest = std::max(view.t_q, view.t_k);
+  if (view.window_left >= widest) view.window_left = -1;
+  if (view.window_right >= widest) view.window_right = -1;
+  return view;
+}
+
+double Problem::score_count() const {
+  const double matrices = static_cast<double>(n) * static_cast<double>(g);
+  if (packed()) return matrices * sequences->score_pairs;
+  return matrices * static_cast<double>(t_q) * static_cast<double>(t_k);
+}
+
 std::vector<int64_t> Problem::score_sizes() const {
   auto sizes = lead;
   sizes.insert(sizes.end(), {t_q, t_k});
@@ -187,6 +239,7 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
   }
   for (size_t i = 0; i + 2 < rank; ++i) p.n *= k[i];
   p.causal = options.is_causal();
+  p.alignment = options.causal_alignment();
   p.query_offset =
       options.causal_alignment() == functional::CausalAlignment::TopLeft ? 0 : p.t_k - p.t_q;
   // A window at least as long as both sequences hides no key (every |pos(i) - j| is below
@@ -234,6 +287,68 @@ Problem make_problem(const torch::Tensor& query, const torch::Tensor& key,
   check_tensors(query, key, value, caller);
   return describe({query.sizes(), key.sizes(), value.sizes()}, query, options,
                   detail::records_grad(query, key, value), caller);
+}
+
+std::vector<int64_t> read_offsets(const torch::Tensor& offsets, const char* name, int64_t total,
+                                  const char* total_name, const torch::Tensor& like,
+                                  const char* caller) {
+  TORCH_CHECK_VALUE(offsets.defined(), caller, ": expected a defined ", name, " tensor");
+  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kInt || offsets.scalar_type() == at::kLong, caller,
+                   ": expected ", name, " of dtype Int or Long, got ", offsets.scalar_type());
+  TORCH_CHECK(offsets.device().is_cpu() || offsets.device() == like.device(), caller, ": expected ",
+              name, " on the CPU or on the queries' device (", like.device(), "), got ",
+              offsets.device());
+  TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.numel() >= 1, caller, ": expected ", name,
+                    " of shape (S + 1,) for S >= 0 sequences, got ", shape_str(offsets.sizes()));
+  const auto host = offsets.to(torch::kCPU, torch::kLong).contiguous();
+  const int64_t* at = host.data_ptr<int64_t>();
+  std::vector<int64_t> values(at, at + host.numel());
+  TORCH_CHECK_VALUE(values.front() == 0, caller, ": expected ", name, " to start at 0, got ",
+                    values.front());
+  for (size_t s = 1; s < values.size(); ++s) {
+    TORCH_CHECK_VALUE(values[s] >= values[s - 1], caller, ": expected nondecreasing ", name,
+                      ", got ", values[s], " after ", values[s - 1], " (entry ", s, ")");
+  }
+  TORCH_CHECK_VALUE(values.back() == total, caller, ": expected ", name, " to end at ", total_name,
+                    " = ", total, ", got ", values.back());
+  return values;
+}
+
+Problem make_varlen_problem(const torch::Tensor& query, const torch::Tensor& key,
+                            const torch::Tensor& value, const torch::Tensor& cu_seqlens_q,
+                            const torch::Tensor& cu_seqlens_k,
+                            const functional::ScaledDotProductAttentionOptions& options,
+                            const char* caller) {
+  check_packed_tensors(query, key, value, caller);
+  // A mask over packed tokens would be (H, total_q, total_k), quadratic in the whole batch, and
+  // the weights ragged: the sequences' own causality and window are what a packed call hides.
+  TORCH_CHECK_VALUE(!options.attn_mask().defined(), caller,
+                    ": takes no attn_mask (each query sees the keys of its own sequence, through "
+                    "is_causal and the window); use scaled_dot_product_attention per sequence for "
+                    "a mask");
+  TORCH_CHECK_VALUE(!options.need_weights(), caller,
+                    ": returns no attention weights (need_weights); use "
+                    "scaled_dot_product_attention per sequence for them");
+  auto queries = read_offsets(cu_seqlens_q, "cu_seqlens_q", query.size(0),
+                              "total_q (the queries' first dimension)", query, caller);
+  auto keys = read_offsets(cu_seqlens_k, "cu_seqlens_k", key.size(0),
+                           "total_k (the keys' first dimension)", query, caller);
+  TORCH_CHECK_VALUE(queries.size() == keys.size(), caller,
+                    ": expected cu_seqlens_q and cu_seqlens_k of one length (S + 1 for S "
+                    "sequences), got ",
+                    queries.size(), " and ", keys.size(), " entries");
+  // The kernels read the packed tokens as one batch of H heads: (H, total, d).
+  const auto head_major = [](const torch::Tensor& t) {
+    return c10::SmallVector<int64_t, 3>{t.size(1), t.size(0), t.size(2)};
+  };
+  const auto q = head_major(query), k = head_major(key), v = head_major(value);
+  Problem p = describe({q, k, v}, query, options, detail::records_grad(query, key, value), caller);
+  auto sequences = std::make_shared<const Sequences>(std::move(queries), std::move(keys));
+  const int64_t longest =
+      std::max<int64_t>(1, std::max(sequences->max_queries, sequences->max_keys));
+  p.block = std::clamp<int64_t>(options.block_size(), 1, std::min(kMaxBlockSize, longest));
+  p.sequences = std::move(sequences);
+  return p;
 }
 
 Problem make_projected_problem(const torch::Tensor& x_q, const torch::Tensor& x_kv,

@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 namespace attention {
@@ -19,9 +20,35 @@ namespace kernels {
 /// the sequence lengths), so that a thread's tile of scores stays at most 16 MiB (float).
 constexpr int64_t kMaxBlockSize = 2048;
 
+/// Sequences of different lengths packed one after another along the tokens (FlashAttention's
+/// varlen layout): sequence s holds the queries [query_offsets[s], query_offsets[s + 1]) and the
+/// keys [key_offsets[s], key_offsets[s + 1]) of the packed tokens. Its queries see its keys only,
+/// with causality, the window and ALiBi's distances placed by its own lengths
+/// (Problem::sequence). Keys stored elsewhere (pages of a cache) keep the running sum of the
+/// sequences' key lengths here: key_begin(s) is then an index into that running sum, keys(s) the
+/// sequence's length either way. Validated where it is made: S + 1 offsets of each kind,
+/// starting at 0 and nondecreasing.
+struct Sequences {
+  Sequences(std::vector<int64_t> query_offsets, std::vector<int64_t> key_offsets);
+  std::vector<int64_t> query_offsets, key_offsets;
+  int64_t max_queries = 0, max_keys = 0;  // the longest sequence's queries and keys
+  double score_pairs = 0;                 // the sum over the sequences of queries x keys
+
+  int64_t count() const { return static_cast<int64_t>(query_offsets.size()) - 1; }
+  int64_t query_begin(int64_t s) const { return query_offsets[s]; }
+  int64_t queries(int64_t s) const { return query_offsets[s + 1] - query_offsets[s]; }
+  int64_t key_begin(int64_t s) const { return key_offsets[s]; }
+  int64_t keys(int64_t s) const { return key_offsets[s + 1] - key_offsets[s]; }
+};
+
 /// Queries (..., H, Tq, d), keys (..., Hkv, Tk, d), values (..., Hkv, Tk, dv), with H = Hkv x G.
 /// Flattened, there are N = (...) x Hkv key/value matrices and N x G query matrices: query
 /// matrix h reads key/value matrix h / G. Rank-2 inputs are one head (H = Hkv = 1, no lead).
+///
+/// A packed problem (varlen_attention) is read through the same fields as one batch of H heads
+/// whose Tq and Tk are the total query and key tokens of every sequence, queries (H, total_q, d),
+/// plus `sequences`, which splits those tokens: the visibility helpers below take a problem with
+/// one sequence, so a kernel asks them about sequence(s) of a packed problem.
 struct Problem {
   const char* caller = "";          // the public function, for messages
   std::vector<int64_t> lead;        // (..., H): the leading dims of the scores; empty at rank 2
@@ -60,6 +87,19 @@ struct Problem {
   functional::Backend backend = functional::Backend::Auto;
   int64_t block = 1;  // the Chunked block size, clamped to [1, min(kMaxBlockSize, max(Tq, Tk))]
   at::Device device = at::kCPU;
+  /// Where query i of each sequence sits among its keys (query_offset is the one sequence's).
+  functional::CausalAlignment alignment = functional::CausalAlignment::BottomRight;
+  /// The packed sequences (null: every token is one sequence). Shared by the copies of a problem
+  /// and never changed once made; block is clamped to the longest sequence instead of Tq, Tk.
+  std::shared_ptr<const Sequences> sequences;
+
+  bool packed() const { return sequences != nullptr; }
+  /// The problem that sequence s of a packed problem poses alone: one batch of H heads with its
+  /// lengths and its causal alignment's query_offset, every option and the block as the packed
+  /// problem's, and no sequences.
+  Problem sequence(int64_t s) const;
+  /// How many scores the problem has: (..., H) x Tq x Tk, or over the sequences of a packed one.
+  double score_count() const;
 
   /// Keys after some query are hidden (causal, or a window bounded on the right): query i sees
   /// no key j > i + diagonal().
@@ -93,6 +133,24 @@ ATTENTION_API Problem make_problem(const torch::Tensor& query, const torch::Tens
                                    const functional::ScaledDotProductAttentionOptions& options,
                                    const char* caller);
 
+/// The same for packed sequences (varlen_attention): query (total_q, H, d), key (total_k, Hkv, d),
+/// value (total_k, Hkv, dv) and the offsets cu_seqlens_q, cu_seqlens_k (read_offsets). Describes
+/// the problem as one batch of H heads over the queries (H, total_q, d) (each tensor's dims 0 and
+/// 1 swapped, a view), with `sequences` set. Refuses an attn_mask and need_weights by name.
+Problem make_varlen_problem(const torch::Tensor& query, const torch::Tensor& key,
+                            const torch::Tensor& value, const torch::Tensor& cu_seqlens_q,
+                            const torch::Tensor& cu_seqlens_k,
+                            const functional::ScaledDotProductAttentionOptions& options,
+                            const char* caller);
+
+/// The offsets of packed sequences, read to the host and checked: a 1-D int32 or int64 tensor
+/// of S + 1 >= 1 entries, on the CPU or on `like`'s device, starting at 0, nondecreasing and ending
+/// at `total` (the packed tensor's token count, which messages call `total_name`). `name` is
+/// the argument's name in messages.
+std::vector<int64_t> read_offsets(const torch::Tensor& offsets, const char* name, int64_t total,
+                                  const char* total_name, const torch::Tensor& like,
+                                  const char* caller);
+
 /// The same for projected_attention: checks x_q (T, d_in) or (B, T, d_in), x_kv of the same rank
 /// and batch, W_query (d_in, d_kq), W_key (d_in_kv, d_kq), W_value (d_in_kv, d_v), one dtype and
 /// device, then describes the problem of the projections without computing them.
@@ -103,7 +161,9 @@ Problem make_projected_problem(const torch::Tensor& x_q, const torch::Tensor& x_
                                const char* caller);
 
 /// The keys [visible_begin(p, i), visible_end(p, i)) that causality and the window let query i
-/// see (all Tk without either). The range may be empty.
+/// see (all Tk without either). The range may be empty. These helpers take a problem of one
+/// sequence: a plain problem, or sequence(s) of a packed one (whose indices count from the
+/// sequence's first query and key).
 inline int64_t visible_begin(const Problem& p, int64_t i) {
   if (!p.bounded_left()) return 0;
   return std::clamp<int64_t>(i + p.left_diagonal(), 0, p.t_k);

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -111,6 +112,144 @@ torch::Tensor hidden_by_position(const F::ScaledDotProductAttentionOptions& o, i
   return hidden;
 }
 
+// Packed sequences: functional::varlen_attention against each sequence alone through
+// scaled_dot_product_attention on Math in float64. The same fuzz input, read its own way: the
+// sequences' lengths and the options first, then the values. Now and then one offset is broken
+// (moved by one, or set to an extreme): then every backend must refuse.
+void check_varlen(const uint8_t* data, size_t size) {
+  Bytes in(data, size);
+  const int64_t count = in.below(5);
+  const bool cross = in.below(2) == 1;
+  std::vector<int64_t> lq, lk, offsets_q{0}, offsets_k{0};
+  for (int64_t s = 0; s < count; ++s) {
+    lq.push_back(in.below(24));
+    lk.push_back(cross ? in.below(24) : lq.back());
+    offsets_q.push_back(offsets_q.back() + lq.back());
+    offsets_k.push_back(offsets_k.back() + lk.back());
+  }
+  const int64_t kv_heads = in.below(8) == 0 ? 0 : 1 + in.below(2);
+  const int64_t heads = kv_heads * (1 + in.below(3));
+  const int64_t d = in.below(6), dv = 1 + in.below(5);
+  const bool float32 = in.below(2) == 0;
+  const auto dtype = float32 ? torch::kFloat : torch::kDouble;
+
+  F::ScaledDotProductAttentionOptions options;
+  options.is_causal(in.below(2) == 1);
+  if (in.below(2) == 1) options.causal_alignment(F::CausalAlignment::TopLeft);
+  if (in.below(3) == 0) options.window_left(in.below(6));
+  if (in.below(4) == 0) options.window_right(in.below(6));
+  if (in.below(4) == 0) options.softcap(std::vector<double>{0.5, 2.0, 30.0}[in.below(3)]);
+  if (heads > 0 && in.below(4) == 0) options.alibi_slopes(F::alibi_slopes(heads));
+  if (in.below(4) == 0) options.sinks(in.tensor({heads}, dtype));
+  const int64_t scale = in.below(4);
+  if (scale > 0) options.scale(std::vector<double>{0.5, -1.0, 0.0}[scale - 1]);
+  options.block_size(in.below(8) == 0 ? (int64_t{1} << 40) : 1 + in.below(40));
+  // A broken offset: every backend must refuse it, before touching memory.
+  const int64_t broken = in.below(8) == 0 ? 1 + in.below(5) : 0;
+  auto& bad = in.below(2) == 0 ? offsets_q : offsets_k;
+  // Moved by one, the first or the last offset breaks (an inner one may stay in order);
+  // an extreme breaks any.
+  const bool edge = in.below(2) == 0;
+  const size_t at = broken <= 2 ? (edge ? 0 : bad.size() - 1)
+                                : static_cast<size_t>(in.below(static_cast<int64_t>(bad.size())));
+  switch (broken) {
+    case 1:
+      bad[at] += 1;
+      break;
+    case 2:
+      bad[at] -= 1;
+      break;
+    case 3:
+      bad[at] = std::numeric_limits<int64_t>::max();
+      break;
+    case 4:
+      bad[at] = std::numeric_limits<int64_t>::min();
+      break;
+    case 5:
+      bad.push_back(bad.back());
+      break;
+    default:
+      break;
+  }
+
+  const auto q = in.tensor({std::accumulate(lq.begin(), lq.end(), int64_t{0}), heads, d}, dtype);
+  const auto k = in.tensor({std::accumulate(lk.begin(), lk.end(), int64_t{0}), kv_heads, d}, dtype);
+  const auto v = in.tensor({k.size(0), kv_heads, dv}, dtype);
+  const auto cu_q = torch::tensor(offsets_q, torch::kLong),
+             cu_k = torch::tensor(offsets_k, torch::kLong);
+
+  std::ostringstream case_text;
+  case_text << "varlen_attention: query " << q.sizes() << " key " << k.sizes() << " value "
+            << v.sizes() << " dtype " << q.scalar_type() << " cu_seqlens_q " << cu_q
+            << " cu_seqlens_k " << cu_k << " causal " << options.is_causal() << " top-left "
+            << (options.causal_alignment() == F::CausalAlignment::TopLeft) << " window "
+            << options.window_left().value_or(-1) << "/" << options.window_right().value_or(-1)
+            << " softcap " << options.softcap().value_or(0) << " alibi "
+            << options.alibi_slopes().defined() << " sinks " << options.sinks() << " scale "
+            << (options.scale() ? *options.scale() : -999.0) << " block " << options.block_size()
+            << "\nq " << q << "\nk " << k << "\nv " << v;
+  described = case_text.str();
+
+  const std::pair<F::Backend, const char*> backends[] = {{F::Backend::Math, "Math (packed)"},
+                                                         {F::Backend::Chunked, "Chunked (packed)"},
+                                                         {F::Backend::Native, "Native (packed)"},
+                                                         {F::Backend::Auto, "Auto (packed)"}};
+  if (broken) {
+    for (const auto& [backend, name] : backends) {
+      bool refused = false;
+      try {
+        F::varlen_attention(q, k, v, cu_q, cu_k,
+                            F::ScaledDotProductAttentionOptions(options).backend(backend));
+      } catch (const c10::Error&) {
+        refused = true;
+      }
+      if (!refused) disagree(name, "accepted broken offsets", 0);
+    }
+    return;
+  }
+  // Each sequence alone, (H, T, d) views, on Math in float64.
+  auto reference = options;
+  reference.backend(F::Backend::Math);
+  if (reference.sinks().defined()) reference.sinks(reference.sinks().to(torch::kDouble));
+  std::vector<torch::Tensor> parts;
+  try {
+    for (int64_t s = 0; s < count; ++s) {
+      const auto rows = [](const torch::Tensor& t, int64_t from, int64_t n) {
+        return t.to(torch::kDouble).narrow(0, from, n).transpose(0, 1);
+      };
+      parts.push_back(F::scaled_dot_product_attention(rows(q, offsets_q[s], lq[s]),
+                                                      rows(k, offsets_k[s], lk[s]),
+                                                      rows(v, offsets_k[s], lk[s]), reference)
+                          .output.transpose(0, 1));
+    }
+  } catch (const c10::Error&) {
+    // Refused for a sequence alone: refused packed too, on every backend.
+    for (const auto& [backend, name] : backends) {
+      bool refused = false;
+      try {
+        F::varlen_attention(q, k, v, cu_q, cu_k,
+                            F::ScaledDotProductAttentionOptions(options).backend(backend));
+      } catch (const c10::Error&) {
+        refused = true;
+      }
+      if (!refused) disagree(name, "accepted what Math refused for a sequence alone", 0);
+    }
+    return;
+  }
+  const auto ref =
+      parts.empty() ? torch::zeros({0, heads, dv}, torch::kDouble) : torch::cat(parts, 0);
+  for (const auto& [backend, name] : backends) {
+    torch::Tensor out;
+    try {
+      out = F::varlen_attention(q, k, v, cu_q, cu_k,
+                                F::ScaledDotProductAttentionOptions(options).backend(backend));
+    } catch (const c10::Error&) {
+      continue;  // a backend may refuse what it cannot do, with a c10::Error
+    }
+    compare(name, out, ref, float32);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -119,6 +258,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return true;
   }();
   (void)once;
+  check_varlen(data, size);
   Bytes in(data, size);
   const int64_t rank = 2 + in.below(4);
   std::vector<int64_t> lead;

@@ -69,6 +69,45 @@ Module wrap(M module, F forward) {
           }};
 }
 
+// Packed sequences (forward["packed"]: their lengths; forward["packed_context"]: the context's):
+// the module's projections of the packed tokens, every sequence in one varlen_attention call
+// with the module's variants, and its output projection. Python runs the book's module on each
+// sequence alone.
+Module packed_multi_head_attention(attention::MultiHeadAttention mha, const nlohmann::json& f,
+                                   attention::functional::Backend backend) {
+  namespace F = attention::functional;
+  const auto offsets = [](const std::vector<int64_t>& lengths) {
+    std::vector<int64_t> at{0};
+    for (const int64_t n : lengths) at.push_back(at.back() + n);
+    return torch::tensor(at, torch::kLong);
+  };
+  const auto lengths = f.at("packed").get<std::vector<int64_t>>();
+  const auto cu_q = offsets(lengths);
+  const auto cu_k = offsets(f.value("packed_context", lengths));
+  return wrap(mha, [=](attention::MultiHeadAttention& m, const Module::Inputs& in) {
+    const auto& o = m->options;
+    const auto& x = in.at("x");
+    const auto& source = in.count("context") ? in.at("context") : x;
+    const int64_t hd = o.d_out() / o.num_heads();
+    const auto q = m->W_query(x).view({x.size(0), o.num_heads(), hd});
+    const auto k = m->W_key(source).view({source.size(0), o.num_kv_heads(), hd});
+    const auto v = m->W_value(source).view({source.size(0), o.num_kv_heads(), hd});
+    auto options = F::ScaledDotProductAttentionOptions()
+                       .is_causal(o.causal())
+                       .causal_alignment(o.causal_alignment())
+                       .softcap(o.softcap())
+                       .backend(backend);
+    if (o.sliding_window()) {
+      options.window_left(*o.sliding_window() - 1);
+      if (!o.causal()) options.window_right(*o.sliding_window() - 1);
+    }
+    if (o.alibi()) options.alibi_slopes(F::alibi_slopes(o.num_heads()).to(x.scalar_type()));
+    if (m->sinks.defined()) options.sinks(m->sinks);
+    const auto out = F::varlen_attention(q, k, v, cu_q, cu_k, options);
+    return Output{m->out_proj(out.reshape({x.size(0), o.d_out()})), {}};
+  });
+}
+
 Module make_multi_head_attention(const Case& c) {
   const auto& a = c.args;
   auto mha_options =
@@ -113,6 +152,7 @@ Module make_multi_head_attention(const Case& c) {
                                                    {"chunked", Backend::Chunked},
                                                    {"native", Backend::Native}};
   const Backend backend = backends.at(f.value("backend", "auto"));
+  if (f.contains("packed")) return packed_multi_head_attention(mha, f, backend);
   const auto decode = f.value("decode", std::vector<int64_t>{});
   const int64_t sliding_window = f.value("sliding_cache", int64_t{0});
   return wrap(mha, [f, backend, decode, sliding_window](attention::MultiHeadAttention& m,

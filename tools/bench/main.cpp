@@ -9,6 +9,8 @@
 //           long-train:IMPL:T  (the same for the forward and backward)
 //           blocks:T           (Chunked's forward and forward+backward for block sizes 64 to
 //                               1024, side by side: B=1, H=8 from T=4096, else B=8, H=12)
+//           varlen             (16 causal sequences of 16 to 2048 tokens: packed in one
+//                               varlen_attention call, one call each, and padded to a batch)
 
 #include <attention/attention.h>
 
@@ -22,6 +24,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -381,6 +384,109 @@ void bench_decode() {
   }
 }
 
+// Packed prefill (functional::varlen_attention): 16 causal sequences, lengths drawn from 16 to
+// 2048 with a fixed seed, H=8, head size 64, float32, on Chunked. Side by side: the packed call;
+// the same sequences one scaled_dot_product_attention call each (views of the packed tensors);
+// and the padded batch (16, H, max T, 64) that a rectangle would need. The targets: packed within
+// 1.1x of one call each, and within 1.3x of the padded batch's time scaled by
+// sum T_i^2 / (16 max T^2), the share of its work that is not padding.
+void bench_varlen() {
+  const int64_t count = 16, heads = settings.quick ? 2 : 8, d = 64;
+  const int64_t shortest = 16, longest = settings.quick ? 128 : 2048;
+  std::mt19937 rng(2024);
+  std::uniform_int_distribution<int64_t> draw(shortest, longest);
+  std::vector<int64_t> lengths(count), offsets{0};
+  for (auto& t : lengths) {
+    t = draw(rng);
+    offsets.push_back(offsets.back() + t);
+  }
+  const int64_t total = offsets.back();
+  const int64_t max_t = *std::max_element(lengths.begin(), lengths.end());
+  double squares = 0, pairs = 0;  // sum T^2, and the causal pairs sum T (T + 1) / 2
+  for (const int64_t t : lengths) {
+    squares += static_cast<double>(t) * t;
+    pairs += static_cast<double>(t) * (t + 1) / 2;
+  }
+  std::string text = "varlen lengths";
+  for (const int64_t t : lengths) text += " " + std::to_string(t);
+  progress(text);
+  torch::manual_seed(0);
+  const auto make = [&](int64_t tokens) { return torch::randn({tokens, heads, d}); };
+  const auto q = make(total), k = make(total), v = make(total), upstream = make(total);
+  const auto cu_seqlens = torch::tensor(offsets, torch::kLong);
+  const auto options =
+      F::ScaledDotProductAttentionOptions().is_causal(true).backend(Backend::Chunked);
+  const auto packed = [&](const torch::Tensor& q_, const torch::Tensor& k_,
+                          const torch::Tensor& v_) {
+    return F::varlen_attention(q_, k_, v_, cu_seqlens, cu_seqlens, options);
+  };
+  // Sequence i's (H, T_i, d) view of a packed tensor.
+  const auto sequence = [&](const torch::Tensor& t, int64_t i) {
+    return t.narrow(0, offsets[i], lengths[i]).transpose(0, 1);
+  };
+  const auto each = [&](const torch::Tensor& q_, const torch::Tensor& k_, const torch::Tensor& v_) {
+    std::vector<torch::Tensor> outputs;
+    for (int64_t i = 0; i < count; ++i) {
+      outputs.push_back(F::scaled_dot_product_attention(sequence(q_, i), sequence(k_, i),
+                                                        sequence(v_, i), options)
+                            .output);
+    }
+    return outputs;
+  };
+  const auto padded = [&](int64_t batch) { return torch::randn({batch, heads, max_t, d}); };
+  const auto pq = padded(count), pk = padded(count), pv = padded(count), pup = padded(count);
+  const double gflop = 4.0 * heads * d * pairs / 1e9;
+  const double padded_gflop = 4.0 * heads * d * count * (max_t * (max_t + 1.0) / 2) / 1e9;
+  const double share = squares / (static_cast<double>(count) * max_t * max_t);
+
+  double ms[2][3];  // [forward, forward+backward][packed, one call each, padded]
+  const char* impls[3] = {"cpp.varlen.packed", "cpp.varlen.one_call_each", "cpp.varlen.padded"};
+  {
+    torch::NoGradGuard no_grad;
+    progress("varlen forward");
+    ms[0][0] = median_ms([&] { packed(q, k, v); }, settings.repeats);
+    ms[0][1] = median_ms([&] { each(q, k, v); }, settings.repeats);
+    ms[0][2] =
+        median_ms([&] { F::scaled_dot_product_attention(pq, pk, pv, options); }, settings.repeats);
+  }
+  progress("varlen forward+backward");
+  const int train_repeats = std::max(1, settings.repeats / 2);
+  const auto qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(),
+             vg = v.clone().requires_grad_();
+  ms[1][0] = median_ms(
+      [&] {
+        torch::autograd::grad({packed(qg, kg, vg)}, {qg, kg, vg}, {upstream});
+      },
+      train_repeats);
+  ms[1][1] = median_ms(
+      [&] {
+        const auto outputs = each(qg, kg, vg);
+        std::vector<torch::Tensor> grads;
+        for (int64_t i = 0; i < count; ++i) grads.push_back(sequence(upstream, i));
+        torch::autograd::grad(outputs, {qg, kg, vg}, grads);
+      },
+      train_repeats);
+  const auto pqg = pq.clone().requires_grad_(), pkg = pk.clone().requires_grad_(),
+             pvg = pv.clone().requires_grad_();
+  ms[1][2] = median_ms(
+      [&] {
+        const auto out = F::scaled_dot_product_attention(pqg, pkg, pvg, options).output;
+        torch::autograd::grad({out}, {pqg, pkg, pvg}, {pup});
+      },
+      train_repeats);
+  for (int pass = 0; pass < 2; ++pass) {
+    const char* name = pass == 0 ? "forward" : "forward+backward";
+    const double scale = pass == 0 ? 1.0 : 3.5;
+    for (int i = 0; i < 3; ++i) {
+      record("varlen", impls[i], name, total, ms[pass][i], scale * (i == 2 ? padded_gflop : gflop));
+    }
+    progress(fmt::format(
+        "varlen {}: packed / one call each = {:.3f} (target <= 1.1); packed / (padded x {:.4f}) "
+        "= {:.3f} (target <= 1.3)",
+        name, ms[pass][0] / ms[pass][1], share, ms[pass][0] / (ms[pass][2] * share)));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -397,7 +503,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--help" || arg == "-h") {
       fmt::print(
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
-          "groups: matmul article raschka raschka-train core-train decode dtypes\n"
+          "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n");
       return 0;
     } else {
@@ -430,6 +536,8 @@ int main(int argc, char** argv) {
       bench_window(std::stoll(g.substr(7, colon - 7)), std::stoll(g.substr(colon + 1)));
     } else if (g == "decode") {
       bench_decode();
+    } else if (g == "varlen") {
+      bench_varlen();
     } else if (g.rfind("long:", 0) == 0) {
       const auto colon = g.find(':', 5);
       bench_long(g.substr(5, colon - 5), std::stoll(g.substr(colon + 1)));

@@ -19,7 +19,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace attention {
@@ -152,23 +154,45 @@ class Backward {
         dq_(dq_parts.begin(), dq_parts.end()),
         dk_(dk),
         dv_(dv),
-        splits_(static_cast<int64_t>(dq_parts.size())) {
+        splits_(static_cast<int64_t>(dq_parts.size())),
+        row_ld_(p.t_q) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
 
+  // One sequence of a packed problem: its matrices (and each split's query gradients) start at
+  // its first query and key row, and its rows of the log-sum-exp and of delta lie row_ld apart.
+  struct Sequence {
+    cpu::Matrices<T> q, k, v, grad_out;
+    const T *lse, *delta;
+    int64_t row_ld;
+    std::vector<cpu::Matrices<T>> dq_parts;
+    cpu::Matrices<T> dk, dv;
+  };
+
+  // `one` is the sequence's problem (Problem::sequence).
+  Backward(const Problem& one, Sequence s)
+      : p_(one),
+        q_(std::move(s.q)),
+        k_(std::move(s.k)),
+        v_(std::move(s.v)),
+        go_(std::move(s.grad_out)),
+        lse_(s.lse),
+        delta_(s.delta),
+        dq_(std::move(s.dq_parts)),
+        dk_(std::move(s.dk)),
+        dv_(std::move(s.dv)),
+        splits_(static_cast<int64_t>(dq_.size())),
+        row_ld_(s.row_ld) {}
+
   void run() {
-    const int64_t key_blocks = (p_.t_k + p_.block - 1) / p_.block;
     at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
       TileBuffers w(p_);
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t kv = item / splits_, split = item % splits_;
-        for (int64_t b = split; b < key_blocks; b += splits_)
-          key_block(kv, b * p_.block, dq_[split], w);
-      }
+      for (int64_t item = begin; item < end; ++item) keys(item / splits_, item % splits_, w);
     });
   }
 
- private:
+  int64_t key_blocks() const { return (p_.t_k + p_.block - 1) / p_.block; }
+
   // One thread's tiles, from memory kept between calls: scores, probabilities, the gradient of
   // the probabilities (then of the scores), with soft-capping the cap's slope, the key block's
   // keys (scaled) and values transposed, and a product before it is added to a gradient.
@@ -189,6 +213,14 @@ class Backward {
           product(lease.take<T>(p.block * std::max(p.d, p.dv))) {}
   };
 
+  // The key blocks split, split + splits, ... of key/value head kv.
+  void keys(int64_t kv, int64_t split, TileBuffers& w) const {
+    for (int64_t b = split; b < key_blocks(); b += splits_) {
+      key_block(kv, b * p_.block, dq_[split], w);
+    }
+  }
+
+ private:
   // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
   void key_block(int64_t kv, int64_t j0, const cpu::Matrices<T>& dq, TileBuffers& w) const {
     const int64_t cols = std::min(p_.block, p_.t_k - j0);
@@ -240,12 +272,12 @@ class Backward {
                  s, cols);
     cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope);
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
-                           lse_ + h * p_.t_q + i0);
+                           lse_ + h * row_ld_ + i0);
     cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv,
                  dv_.row_stride, w.product);
     cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, go, go_.row_stride, w.values_t + first,
                  p_.block, 0, dp, cols);
-    dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * p_.t_q + i0, scale);
+    dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * row_ld_ + i0, scale);
     if (cap_slope) {  // through softcap * tanh(s / softcap)
       for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
     }
@@ -262,8 +294,83 @@ class Backward {
   std::vector<cpu::Matrices<T>> dq_;
   cpu::Matrices<T> dk_, dv_;
   int64_t splits_;
+  int64_t row_ld_;
   std::vector<int64_t> mask_at_;
 };
+
+// How many items share the key blocks of one sequence's key/value head in a packed problem: as
+// splits_per_head, counting (sequence, key/value head) pairs for the heads.
+int64_t packed_splits(const Problem& p) {
+  const Sequences& sequences = *p.sequences;
+  int64_t pairs = 0;
+  for (int64_t s = 0; s < sequences.count(); ++s) {
+    if (sequences.keys(s) > 0) pairs += p.n;
+  }
+  const int64_t threads = at::get_num_threads();
+  if (pairs == 0 || pairs >= 2 * threads) return 1;
+  const int64_t key_blocks = (sequences.max_keys + p.block - 1) / p.block;
+  return std::clamp<int64_t>(std::min(threads, (2 * threads + pairs - 1) / pairs), 1, key_blocks);
+}
+
+// A packed problem: each sequence's key blocks as a one-sequence Backward computes them. Work
+// items are (sequence, key/value head, split), taken dearest first from a shared counter. Every
+// key row belongs to one sequence, so every row of dk and dv is written (zeros for a sequence
+// without queries).
+template <typename T>
+void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
+                const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv) {
+  const Sequences& sequences = *p.sequences;
+  const cpu::Matrices<T> queries(q), keys(k), values(v), upstream(grad_out), key_grads(dk),
+      value_grads(dv);
+  const std::vector<cpu::Matrices<T>> query_grads(dq_parts.begin(), dq_parts.end());
+  const int64_t splits = static_cast<int64_t>(dq_parts.size());
+  struct Item {
+    int64_t part, kv, split;
+    double cost;
+  };
+  std::vector<Problem> problems;  // each part's problem, which its Backward refers to
+  std::vector<Backward<T>> parts;
+  problems.reserve(sequences.count());
+  parts.reserve(sequences.count());
+  std::vector<Item> items;
+  for (int64_t s = 0; s < sequences.count(); ++s) {
+    if (sequences.keys(s) == 0) continue;
+    const int64_t q0 = sequences.query_begin(s), k0 = sequences.key_begin(s);
+    problems.push_back(p.sequence(s));
+    const Problem& one = problems.back();
+    std::vector<cpu::Matrices<T>> dq;
+    for (const auto& part : query_grads) dq.push_back(part.from_row(q0));
+    parts.emplace_back(
+        one, typename Backward<T>::Sequence{
+                 queries.from_row(q0), keys.from_row(k0), values.from_row(k0),
+                 upstream.from_row(q0), lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q,
+                 std::move(dq), key_grads.from_row(k0), value_grads.from_row(k0)});
+    const int64_t part = static_cast<int64_t>(parts.size()) - 1;
+    // The pairs of scores of the sequence's query heads, shared by its splits, and the key rows
+    // that are written either way.
+    double pairs = 0;
+    for (int64_t i0 = 0; i0 < one.t_q; i0 += p.block) {
+      pairs += cpu::block_pairs(one, i0, std::min(p.block, one.t_q - i0));
+    }
+    const int64_t used = std::min(splits, parts.back().key_blocks());
+    const double cost = (pairs * static_cast<double>(p.g) + static_cast<double>(one.t_k)) /
+                        static_cast<double>(used);
+    for (int64_t kv = 0; kv < p.n; ++kv) {
+      for (int64_t split = 0; split < used; ++split) items.push_back({part, kv, split, cost});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    typename Backward<T>::TileBuffers w(p);
+    for (size_t i = next++; i < items.size(); i = next++) {
+      const Item& item = items[i];
+      parts[item.part].keys(item.kv, item.split, w);
+    }
+  });
+}
 
 }  // namespace
 
@@ -283,7 +390,8 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
   const Tensor go = cpu::rows_contiguous(grad_out), o = cpu::rows_contiguous(out);
   Tensor delta = torch::empty({p.n * p.g, p.t_q}, q.options());
   const Tensor lse_rows = lse.reshape({p.n * p.g, p.t_q}).contiguous();
-  const int64_t splits = splits_per_head(p, (p.t_k + p.block - 1) / p.block);
+  const int64_t splits =
+      p.packed() ? packed_splits(p) : splits_per_head(p, (p.t_k + p.block - 1) / p.block);
   // The gradients are fresh tensors on every call (autograd keeps them), in the memory layout
   // of their inputs: heads split from a (B, T, H * d) projection by a view get gradients that
   // fold back into it without a copy. Large ones on huge pages (cpu::empty_in_layout_of).
@@ -293,7 +401,11 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
   const Tensor dv = cpu::empty_in_layout_of(v, v.sizes());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_backward", [&] {
     output_dots<scalar_t>(p, o, go, delta);
-    Backward<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv).run();
+    if (p.packed()) {
+      run_packed<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv);
+    } else {
+      Backward<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv).run();
+    }
   });
   for (int64_t s = 1; s < splits; ++s) dq_parts[0].add_(dq_parts[s]);
   return {dq_parts[0], dk, dv};

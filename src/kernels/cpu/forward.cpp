@@ -19,9 +19,12 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace attention {
@@ -106,9 +109,27 @@ class Forward {
  public:
   Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
           Tensor& lse)
-      : p_(p), q_(q), k_(k), v_(v), out_(out), lse_(lse.defined() ? lse.data_ptr<T>() : nullptr) {
+      : p_(p),
+        q_(q),
+        k_(k),
+        v_(v),
+        out_(out),
+        lse_(lse.defined() ? lse.data_ptr<T>() : nullptr),
+        lse_ld_(p.t_q) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
+
+  // One sequence of a packed problem: `one` is its problem (Problem::sequence), the matrices
+  // start at its first query and key row, and its log-sum-exp rows (if any) lie lse_ld apart.
+  Forward(const Problem& one, Matrices<T> q, Matrices<T> k, Matrices<T> v, Matrices<T> out, T* lse,
+          int64_t lse_ld)
+      : p_(one),
+        q_(std::move(q)),
+        k_(std::move(k)),
+        v_(std::move(v)),
+        out_(std::move(out)),
+        lse_(lse),
+        lse_ld_(lse_ld) {}
 
   void run() {
     const int64_t blocks = (p_.t_q + p_.block - 1) / p_.block;
@@ -132,6 +153,7 @@ class Forward {
     return std::clamp<int64_t>(p_.n * p_.g * blocks / (8 * threads), 1, kMaxGroup);
   }
 
+ public:
   static constexpr int64_t kMaxGroup = 4;
 
   // One thread's buffers, reused for every item it takes, from memory kept between calls: the
@@ -180,7 +202,7 @@ class Forward {
         key_block(h, kv, i0 + offset, std::min(p_.block, p_.t_q - i0 - offset), j0, state, w);
       }
     }
-    T* lse = lse_ ? lse_ + h * p_.t_q + i0 : nullptr;
+    T* lse = lse_ ? lse_ + h * lse_ld_ + i0 : nullptr;
     for (int64_t r = 0; r < rows; ++r) {
       const bool dead = w.sum[r] == T(0);  // NaN sums are not dead: they stay NaN
       const T inverse = dead ? T(0) : T(1) / w.sum[r];
@@ -190,6 +212,7 @@ class Forward {
     }
   }
 
+ private:
   // Where the key blocks of query block i0 begin: on the lattice of block multiples, which every
   // query block shares, so that a group's query blocks take the same key blocks as they would
   // alone (a window's left edge falls inside a block, whose hidden keys its strips mask), and a
@@ -241,8 +264,68 @@ class Forward {
   const Problem& p_;
   Matrices<T> q_, k_, v_, out_;
   T* lse_;
+  int64_t lse_ld_;
   std::vector<int64_t> mask_at_;
 };
+
+// A packed problem: each sequence's query blocks as a one-sequence Forward computes them. Work
+// items are (sequence, query head, up to four query blocks), taken dearest first from a shared
+// counter, so that a long sequence's items start early and short ones fill in around them (the
+// contiguous ranges of at::parallel_for would leave a thread with the long ones).
+template <typename T>
+void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                const Tensor& out, const Tensor& lse) {
+  const Sequences& sequences = *p.sequences;
+  const Matrices<T> queries(q), keys(k), values(v), outputs(out);
+  T* lse_data = lse.defined() ? lse.data_ptr<T>() : nullptr;
+  const int64_t threads = at::get_num_threads();
+  int64_t blocks = 0;
+  for (int64_t s = 0; s < sequences.count(); ++s) {
+    blocks += (sequences.queries(s) + p.block - 1) / p.block;
+  }
+  const int64_t group =
+      std::clamp<int64_t>(p.n * p.g * blocks / (8 * threads), 1, Forward<T>::kMaxGroup);
+
+  struct Item {
+    int64_t part, h, first, count;
+    double cost;
+  };
+  std::vector<Problem> problems;  // each part's problem, which its Forward refers to
+  std::vector<Forward<T>> parts;
+  problems.reserve(sequences.count());
+  parts.reserve(sequences.count());
+  std::vector<Item> items;
+  for (int64_t s = 0; s < sequences.count(); ++s) {
+    const int64_t t_q = sequences.queries(s);
+    if (t_q == 0) continue;
+    const int64_t q0 = sequences.query_begin(s), k0 = sequences.key_begin(s);
+    problems.push_back(p.sequence(s));
+    const Problem& one = problems.back();
+    parts.emplace_back(one, queries.from_row(q0), keys.from_row(k0), values.from_row(k0),
+                       outputs.from_row(q0), lse_data ? lse_data + q0 : nullptr, p.t_q);
+    const int64_t part = static_cast<int64_t>(parts.size()) - 1;
+    const int64_t sequence_blocks = (t_q + p.block - 1) / p.block;
+    for (int64_t first = 0; first < sequence_blocks; first += group) {
+      const int64_t count = std::min(group, sequence_blocks - first);
+      double cost = 0;  // the pairs of scores, and the output rows that are written either way
+      for (int64_t b = first; b < first + count; ++b) {
+        const int64_t rows = std::min(p.block, t_q - b * p.block);
+        cost += cpu::block_pairs(one, b * p.block, rows) + static_cast<double>(rows);
+      }
+      for (int64_t h = 0; h < p.n * p.g; ++h) items.push_back({part, h, first, count, cost});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    typename Forward<T>::TileBuffers w(p, group);
+    for (size_t i = next++; i < items.size(); i = next++) {
+      const Item& item = items[i];
+      parts[item.part].query_blocks(item.h, item.first, item.count, w);
+    }
+  });
+}
 
 }  // namespace
 
@@ -266,8 +349,13 @@ std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, con
   sizes.back() = p.dv;
   Tensor out = cpu::empty_in_layout_of(q, sizes);
   Tensor lse = with_lse ? torch::empty({p.n, p.g, p.t_q}, q.options()) : Tensor();
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_forward",
-                             [&] { Forward<scalar_t>(p, q, k, v, out, lse).run(); });
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_forward", [&] {
+    if (p.packed()) {
+      run_packed<scalar_t>(p, q, k, v, out, lse);
+    } else {
+      Forward<scalar_t>(p, q, k, v, out, lse).run();
+    }
+  });
   return {out, lse};
 }
 

@@ -97,6 +97,12 @@ struct Matrices {
   explicit Matrices(const torch::Tensor& t)
       : data(t.data_ptr<T>()), at(matrix_offsets(t)), row_stride(t.stride(-2)) {}
   T* row(int64_t index, int64_t r) const { return data + at[index] + r * row_stride; }
+  /// The same matrices from row r on: the rows of one packed sequence, in every head.
+  Matrices from_row(int64_t r) const {
+    Matrices rest = *this;
+    rest.data += r * row_stride;
+    return rest;
+  }
 };
 
 /// The user's mask (its matrix at element `offset`) applied to a tile of scaled scores of
@@ -185,6 +191,14 @@ inline Columns strip_columns(const Problem& p, int64_t i, int64_t rows, int64_t 
   const int64_t begin =
       p.bounded_left() ? std::clamp<int64_t>(i + p.left_diagonal() - j0, 0, end) : 0;
   return {begin, end};
+}
+
+/// The query-key pairs that the query block [i0, i0 + rows) of a one-sequence problem computes,
+/// counted by block edges (keys_begin to keys_end for every row): what a work item costs, for
+/// ordering the items of packed sequences dearest first.
+inline double block_pairs(const Problem& p, int64_t i0, int64_t rows) {
+  const int64_t keys = std::max<int64_t>(0, keys_end(p, i0, rows) - keys_begin(p, i0));
+  return static_cast<double>(rows) * static_cast<double>(keys);
 }
 
 /// Query blocks in the order cheap, dear, cheap, dear... so that the contiguous ranges of items
