@@ -24,6 +24,18 @@ void check_dtype(at::ScalarType dtype, const at::Device& device, const char* cal
                    ": expected Float, Double or BFloat16 on the CPU, got Half");
 }
 
+// Query, key and value of one dtype that the backends take, on one device.
+void check_dtype_and_device(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const char* caller) {
+  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), caller,
+                   ": expected query, key and value of one dtype, got ", q.scalar_type(), ", ",
+                   k.scalar_type(), ", ", v.scalar_type());
+  check_dtype(q.scalar_type(), q.device(), caller);
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), caller,
+              ": expected query, key and value on one device, got ", q.device(), ", ", k.device(),
+              ", ", v.device());
+}
+
 void check_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const char* caller) {
   TORCH_CHECK_VALUE(q.defined() && k.defined() && v.defined(), caller,
@@ -32,13 +44,7 @@ void check_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::
                     ": expected query, key and value of the same rank >= 2, got query ",
                     shape_str(q.sizes()), ", key ", shape_str(k.sizes()), ", value ",
                     shape_str(v.sizes()));
-  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), caller,
-                   ": expected query, key and value of one dtype, got ", q.scalar_type(), ", ",
-                   k.scalar_type(), ", ", v.scalar_type());
-  check_dtype(q.scalar_type(), q.device(), caller);
-  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), caller,
-              ": expected query, key and value on one device, got ", q.device(), ", ", k.device(),
-              ", ", v.device());
+  check_dtype_and_device(q, k, v, caller);
   TORCH_CHECK_VALUE(q.size(-1) == k.size(-1), caller,
                     ": expected query and key with the same feature size, got query ",
                     shape_str(q.sizes()), " and key ", shape_str(k.sizes()));
@@ -69,13 +75,7 @@ void check_packed_tensors(const torch::Tensor& q, const torch::Tensor& k, const 
                     "(total_k, Hkv, dv) with H a multiple of Hkv >= 1, got query ",
                     shape_str(q.sizes()), ", key ", shape_str(k.sizes()), ", value ",
                     shape_str(v.sizes()));
-  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), caller,
-                   ": expected query, key and value of one dtype, got ", q.scalar_type(), ", ",
-                   k.scalar_type(), ", ", v.scalar_type());
-  check_dtype(q.scalar_type(), q.device(), caller);
-  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), caller,
-              ": expected query, key and value on one device, got ", q.device(), ", ", k.device(),
-              ", ", v.device());
+  check_dtype_and_device(q, k, v, caller);
 }
 
 void check_projections(const torch::Tensor& x_q, const torch::Tensor& x_kv,

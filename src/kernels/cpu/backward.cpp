@@ -19,7 +19,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -360,16 +359,11 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
       for (int64_t split = 0; split < used; ++split) items.push_back({part, kv, split, cost});
     }
   }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
-  std::atomic<size_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    typename Backward<T>::TileBuffers w(p);
-    for (size_t i = next++; i < items.size(); i = next++) {
-      const Item& item = items[i];
-      parts[item.part].keys(item.kv, item.split, w);
-    }
-  });
+  cpu::run_dearest_first(
+      items, [&] { return typename Backward<T>::TileBuffers(p); },
+      [&](const Item& item, typename Backward<T>::TileBuffers& w) {
+        parts[item.part].keys(item.kv, item.split, w);
+      });
 }
 
 }  // namespace

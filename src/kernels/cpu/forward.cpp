@@ -20,7 +20,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -269,9 +268,7 @@ class Forward {
 };
 
 // A packed problem: each sequence's query blocks as a one-sequence Forward computes them. Work
-// items are (sequence, query head, up to four query blocks), taken dearest first from a shared
-// counter, so that a long sequence's items start early and short ones fill in around them (the
-// contiguous ranges of at::parallel_for would leave a thread with the long ones).
+// items are (sequence, query head, up to four query blocks), taken dearest first.
 template <typename T>
 void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                 const Tensor& out, const Tensor& lse) {
@@ -315,16 +312,11 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
       for (int64_t h = 0; h < p.n * p.g; ++h) items.push_back({part, h, first, count, cost});
     }
   }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
-  std::atomic<size_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    typename Forward<T>::TileBuffers w(p, group);
-    for (size_t i = next++; i < items.size(); i = next++) {
-      const Item& item = items[i];
-      parts[item.part].query_blocks(item.h, item.first, item.count, w);
-    }
-  });
+  cpu::run_dearest_first(
+      items, [&] { return typename Forward<T>::TileBuffers(p, group); },
+      [&](const Item& item, typename Forward<T>::TileBuffers& w) {
+        parts[item.part].query_blocks(item.h, item.first, item.count, w);
+      });
 }
 
 }  // namespace

@@ -8,9 +8,11 @@
 #include "kernels/problem.h"
 #include "platform/compiler.h"
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -199,6 +201,22 @@ inline Columns strip_columns(const Problem& p, int64_t i, int64_t rows, int64_t 
 inline double block_pairs(const Problem& p, int64_t i0, int64_t rows) {
   const int64_t keys = std::max<int64_t>(0, keys_end(p, i0, rows) - keys_begin(p, i0));
   return static_cast<double>(rows) * static_cast<double>(keys);
+}
+
+/// Runs the work items of packed sequences on every thread, dearest first (by their `cost`), so
+/// that a long sequence's items start early and the short ones fill in around them: the contiguous
+/// ranges of at::parallel_for would leave one thread with the long ones. Each thread makes its
+/// buffers once (`make_buffers()`), then takes the next item from a shared counter and runs
+/// `run(item, buffers)`.
+template <typename Item, typename MakeBuffers, typename Run>
+void run_dearest_first(std::vector<Item>& items, const MakeBuffers& make_buffers, const Run& run) {
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    auto buffers = make_buffers();
+    for (size_t i = next++; i < items.size(); i = next++) run(items[i], buffers);
+  });
 }
 
 /// Query blocks in the order cheap, dear, cheap, dear... so that the contiguous ranges of items
