@@ -386,7 +386,8 @@ void bench_decode() {
 
 // Packed prefill (functional::varlen_attention): 16 causal sequences, lengths drawn from 16 to
 // 2048 with a fixed seed, H=8, head size 64, float32, on Chunked. Side by side: the packed call;
-// the same sequences one scaled_dot_product_attention call each (views of the packed tensors);
+// the same sequences one scaled_dot_product_attention call each (views of the packed tensors;
+// in training tensors of their own);
 // and the padded batch (16, H, max T, 64) that a rectangle would need. The targets: packed within
 // 1.1x of one call each, and within 1.3x of the padded batch's time scaled by
 // sum T_i^2 / (16 max T^2), the share of its work that is not padding.
@@ -458,12 +459,29 @@ void bench_varlen() {
         torch::autograd::grad({packed(qg, kg, vg)}, {qg, kg, vg}, {upstream});
       },
       train_repeats);
+  // In training each call takes its sequence's own tensors, (T_i, H, d) as in the packed layout:
+  // views of the packed leaves would add what autograd does for a narrowed view, a zero gradient
+  // of the whole packed tensor per sequence and tensor (3 x 16 x 37 MB here), to the time.
+  std::vector<torch::Tensor> own_q, own_k, own_v, own_upstream;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto own = [&](const torch::Tensor& t) {
+      return t.narrow(0, offsets[i], lengths[i]).clone().requires_grad_();
+    };
+    own_q.push_back(own(q));
+    own_k.push_back(own(k));
+    own_v.push_back(own(v));
+    own_upstream.push_back(sequence(upstream, i));
+  }
   ms[1][1] = median_ms(
       [&] {
-        const auto outputs = each(qg, kg, vg);
-        std::vector<torch::Tensor> grads;
-        for (int64_t i = 0; i < count; ++i) grads.push_back(sequence(upstream, i));
-        torch::autograd::grad(outputs, {qg, kg, vg}, grads);
+        for (int64_t i = 0; i < count; ++i) {
+          const auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1); };
+          const auto out =
+              F::scaled_dot_product_attention(heads_first(own_q[i]), heads_first(own_k[i]),
+                                              heads_first(own_v[i]), options)
+                  .output;
+          torch::autograd::grad({out}, {own_q[i], own_k[i], own_v[i]}, {own_upstream[i]});
+        }
       },
       train_repeats);
   const auto pqg = pq.clone().requires_grad_(), pkg = pk.clone().requires_grad_(),
