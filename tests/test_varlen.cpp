@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -259,4 +260,39 @@ TEST_CASE("varlen: offsets of dtype int32 and int64 and an unsorted batch give o
   // A stride-2 view of the offsets is read as its values.
   const auto strided = torch::stack({offsets_of(lengths), offsets_of(lengths)}, 1).select(1, 0);
   CHECK(torch::equal(a, F::varlen_attention(q, k, v, strided, strided, options)));
+}
+
+TEST_CASE("varlen: windows and block sizes at their extremes", "[varlen]") {
+  torch::manual_seed(5);
+  const std::vector<int64_t> lq = {40, 1, 0, 70}, lk = {40, 9, 3, 70};
+  const auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  const auto q = torch::randn({total(lq), 2, 8}, opts), k = torch::randn({total(lk), 1, 8}, opts),
+             v = torch::randn({total(lk), 1, 4}, opts),
+             upstream = torch::randn({total(lq), 2, 4}, opts);
+  const auto cu_q = offsets_of(lq), cu_k = offsets_of(lk);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const auto backend : {Backend::Math, Backend::Chunked}) {
+    INFO("backend " << static_cast<int>(backend));
+    const auto base = Options().is_causal(true).backend(backend);
+    const auto plain = F::varlen_attention(q, k, v, cu_q, cu_k, base);
+    // A window wider than every sequence hides nothing: the same problem as none.
+    for (const int64_t w : {int64_t{1} << 31, int64_t{1} << 53, kMax - 1, kMax}) {
+      INFO("window " << w);
+      CHECK(torch::equal(plain, F::varlen_attention(q, k, v, cu_q, cu_k,
+                                                    Options(base).window_left(w).window_right(w))));
+    }
+    for (const int64_t block : {int64_t{1}, int64_t{2}, int64_t{1} << 31, int64_t{1} << 53, kMax}) {
+      INFO("block_size " << block);
+      CHECK(test::max_abs_diff(
+                plain, F::varlen_attention(q, k, v, cu_q, cu_k, Options(base).block_size(block))) <
+            1e-12);
+    }
+    // The narrowest windows, on either side, forward and backward against each sequence alone.
+    for (const int64_t w : {int64_t{0}, int64_t{1}}) {
+      INFO("window " << w);
+      const auto narrow = Options(base).is_causal(false).window_left(w).window_right(w);
+      CHECK(worst(packed(q, k, v, cu_q, cu_k, narrow, upstream),
+                  alone(q, k, v, lq, lk, narrow, upstream)) < 1e-10);
+    }
+  }
 }
