@@ -626,6 +626,8 @@ std::vector<BadInput> varlen_cases() {
       {"varlen: offsets of 1", with_q_offsets(offsets({0, 1})), Kind::Value, ends_q + "1"},
       {"varlen: offsets of 2^31", with_q_offsets(offsets({0, int64_t{1} << 31})), Kind::Value,
        ends_q + "2147483648"},
+      {"varlen: offsets of 2^53", with_q_offsets(offsets({0, 4, int64_t{1} << 53})), Kind::Value,
+       ends_q + "9007199254740992"},
       {"varlen: offsets of INT64_MAX", with_q_offsets(offsets({0, 4, kMax})), Kind::Value,
        ends_q + "9223372036854775807"},
       {"varlen: INT64_MAX, then 10", with_q_offsets(offsets({0, kMax, 10})), Kind::Value,
