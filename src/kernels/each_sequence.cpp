@@ -1,5 +1,6 @@
 // A packed problem computed one sequence at a time, by a kernel that knows nothing of packing:
-// the reference path of varlen_attention (Math), and Native's.
+// the reference path of varlen_attention (Math), Native's, and Chunked's where its fused CPU
+// kernels do not apply (the device-generic tiles).
 
 #include "kernels/kernels.h"
 

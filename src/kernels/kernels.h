@@ -33,8 +33,9 @@ using Kernel = functional::AttentionOutput (*)(const Problem&, const torch::Tens
 
 /// A packed problem (Problem::packed) one sequence at a time: `kernel` on each sequence's problem
 /// (Problem::sequence) and its rows of the (H, total, d) inputs (Math where that problem is
-/// degenerate), the outputs joined, (H, total_q, dv), in memory as (total_q, H, dv). Math and
-/// Native compute packed problems so; with autograd through the joins.
+/// degenerate), the outputs joined, (H, total_q, dv), in memory as (total_q, H, dv). Math,
+/// Native and Chunked's device-generic tiles compute packed problems so; with autograd through
+/// the joins. (Chunked's fused CPU kernels take every sequence in one pass.)
 functional::AttentionOutput each_sequence(const Problem& p, const torch::Tensor& query,
                                           const torch::Tensor& key, const torch::Tensor& value,
                                           Kernel kernel);
