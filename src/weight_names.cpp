@@ -14,8 +14,6 @@ namespace attention {
 
 namespace {
 
-constexpr const char* kLoad = "attention::load_weights";
-
 bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
@@ -58,9 +56,9 @@ const char* layout_name(WeightLayout layout) {
 void split_three(std::vector<detail::FileTensor>& out, const std::string& name,
                  const torch::Tensor& fused, int64_t dim, int64_t rank, const std::string& parent,
                  const std::string& leaf, WeightLayout layout, const std::string& source) {
-  TORCH_CHECK_VALUE(fused.dim() == rank && fused.size(dim) % 3 == 0, kLoad, ": '", source,
-                    "': ", name, " has shape ", fused.sizes(), "; the ", layout_name(layout),
-                    " layout expects ", rank, " dimensions, dimension ", dim,
+  TORCH_CHECK_VALUE(fused.dim() == rank && fused.size(dim) % 3 == 0, detail::kLoadWeights, ": '",
+                    source, "': ", name, " has shape ", fused.sizes(), "; the ",
+                    layout_name(layout), " layout expects ", rank, " dimensions, dimension ", dim,
                     " holding query, key and value (a multiple of 3)");
   const auto parts = fused.chunk(3, dim);
   const char* names[] = {"W_query.", "W_key.", "W_value."};
@@ -113,7 +111,7 @@ std::vector<detail::FileTensor> concatenate_heads(NamedTensors file, const std::
     std::vector<torch::Tensor> tensors;
     for (int64_t h = 0; h < static_cast<int64_t>(heads.size()); ++h) {
       auto it = by_head.find(h);
-      TORCH_CHECK_VALUE(it != by_head.end(), kLoad, ": '", source, "': the ",
+      TORCH_CHECK_VALUE(it != by_head.end(), detail::kLoadWeights, ": '", source, "': the ",
                         layout_name(WeightLayout::BookMultiHeadAttentionWrapper),
                         " layout needs heads 0 to ", heads.size() - 1, " each with ", rest,
                         "; heads.", h, ".", rest, " is missing");
@@ -121,10 +119,10 @@ std::vector<detail::FileTensor> concatenate_heads(NamedTensors file, const std::
       const torch::Tensor& part = it->second;
       TORCH_CHECK_VALUE(part.dim() >= 1 && part.dim() == first.dim() &&
                             part.sizes().slice(1) == first.sizes().slice(1),
-                        kLoad, ": '", source, "': the heads' ", rest,
+                        detail::kLoadWeights, ": '", source, "': the heads' ", rest,
                         " differ in shape beyond their first dimension");
-      TORCH_CHECK_VALUE(part.scalar_type() == first.scalar_type(), kLoad, ": '", source,
-                        "': the heads' ", rest, " differ in dtype");
+      TORCH_CHECK_VALUE(part.scalar_type() == first.scalar_type(), detail::kLoadWeights, ": '",
+                        source, "': the heads' ", rest, " differ in dtype");
       tensors.push_back(part);
     }
     out.push_back({rest, std::move(tensors)});
@@ -169,7 +167,7 @@ NamedTensors select_prefix(NamedTensors file, const std::string& prefix,
     const std::size_t more = prefixes.size() > kShown ? prefixes.size() - kShown : 0;
     prefixes.resize(std::min(prefixes.size(), kShown));
     TORCH_CHECK_VALUE(
-        false, kLoad, ": no name in '", source, "' starts with '", prefix,
+        false, detail::kLoadWeights, ": no name in '", source, "' starts with '", prefix,
         "'; the file's prefixes: ",
         prefixes.empty() ? std::string("none") : fmt::format("{}", fmt::join(prefixes, ", ")),
         more ? fmt::format(" and {} more", more) : std::string());
@@ -185,11 +183,11 @@ NamedTensors rename_all(NamedTensors file, const LoadOptions::NameMap& map,
   std::map<std::string, std::string> origin;
   for (auto& [name, tensor] : file) {
     std::string renamed = map(name);
-    TORCH_CHECK_VALUE(!renamed.empty(), kLoad, ": '", source, "': rename maps '", name,
-                      "' to an empty name");
+    TORCH_CHECK_VALUE(!renamed.empty(), detail::kLoadWeights, ": '", source, "': rename maps '",
+                      name, "' to an empty name");
     auto [it, inserted] = origin.emplace(renamed, name);
-    TORCH_CHECK_VALUE(inserted, kLoad, ": '", source, "': rename maps both '", it->second,
-                      "' and '", name, "' to '", renamed, "'");
+    TORCH_CHECK_VALUE(inserted, detail::kLoadWeights, ": '", source, "': rename maps both '",
+                      it->second, "' and '", name, "' to '", renamed, "'");
     out.emplace_back(std::move(renamed), std::move(tensor));
   }
   return out;
@@ -228,8 +226,8 @@ std::vector<FileTensor> convert_layout(NamedTensors file, WeightLayout layout,
           out.push_back({module_path + target + ".weight", {tensor}});
           continue;
         }
-        TORCH_CHECK_VALUE(n.leaf != "bias_k" && n.leaf != "bias_v", kLoad, ": '", source,
-                          "': ", name,
+        TORCH_CHECK_VALUE(n.leaf != "bias_k" && n.leaf != "bias_v", detail::kLoadWeights, ": '",
+                          source, "': ", name,
                           " comes from nn.MultiheadAttention(add_bias_kv=True), which "
                           "MultiHeadAttention has no counterpart for");
         break;
@@ -257,8 +255,9 @@ std::vector<FileTensor> convert_layout(NamedTensors file, WeightLayout layout,
         }
         if (n.module == "c_proj" && names.count(n.parent + "c_attn.weight") &&
             (n.leaf == "weight" || n.leaf == "bias")) {
-          TORCH_CHECK_VALUE(n.leaf == "bias" || tensor.dim() == 2, kLoad, ": '", source,
-                            "': ", name, " has shape ", tensor.sizes(), ", not (d_out, d_out)");
+          TORCH_CHECK_VALUE(n.leaf == "bias" || tensor.dim() == 2, detail::kLoadWeights, ": '",
+                            source, "': ", name, " has shape ", tensor.sizes(),
+                            ", not (d_out, d_out)");
           out.push_back(
               {n.parent + "out_proj." + n.leaf, {n.leaf == "weight" ? tensor.t() : tensor}});
           continue;

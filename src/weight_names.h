@@ -13,6 +13,9 @@
 namespace attention {
 namespace detail {
 
+/// The function that load_weights()'s messages name, from every file of the loading steps.
+inline constexpr const char* kLoadWeights = "attention::load_weights";
+
 /// A tensor of the file under the module's name. A layout that concatenates tensors (the book's
 /// wrapper's heads) keeps the parts here, and the concatenation is made only once its shape has
 /// been checked against the module's tensor: a file of views (a stride-0 tensor of any size over

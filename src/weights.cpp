@@ -22,8 +22,6 @@
 namespace attention {
 namespace {
 
-constexpr const char* kLoad = "attention::load_weights";
-
 // Full names of the buffers that the module and its submodules derive themselves.
 std::set<std::string> derived_names(const torch::nn::Module& module) {
   std::set<std::string> names;
@@ -92,7 +90,7 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
       detail::convert_layout(std::move(named), options.layout(), path, report.derived);
   std::map<std::string, const detail::FileTensor*> by_name;
   for (const auto& entry : file) {
-    TORCH_CHECK_VALUE(by_name.emplace(entry.name, &entry).second, kLoad, ": '", path,
+    TORCH_CHECK_VALUE(by_name.emplace(entry.name, &entry).second, detail::kLoadWeights, ": '", path,
                       "' gives two tensors the name '", entry.name,
                       "' (after its prefix, rename and layout)");
   }
@@ -154,8 +152,9 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
           fmt::format("unexpected in the file: {}", fmt::join(report.unexpected, ", ")));
     }
   }
-  TORCH_CHECK_VALUE(problems.empty(), kLoad, ": '", path, "' does not fit the module (nothing was ",
-                    "loaded):\n  ", fmt::format("{}", fmt::join(problems, "\n  ")));
+  TORCH_CHECK_VALUE(problems.empty(), detail::kLoadWeights, ": '", path,
+                    "' does not fit the module (nothing was ", "loaded):\n  ",
+                    fmt::format("{}", fmt::join(problems, "\n  ")));
 
   // Stage every value on the module's device first, so that a failure leaves nothing half-copied.
   for (auto& [target, value] : copies) value = value.to(target.options());
@@ -172,7 +171,7 @@ LoadReport load_weights(torch::nn::Module& module, const std::string& path,
   try {
     source = std::make_unique<serialization::FileSource>(path);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, kLoad, ": ", e.what_without_backtrace());
+    TORCH_CHECK(false, detail::kLoadWeights, ": ", e.what_without_backtrace());
   }
   return load_from(module, *source, options);
 }

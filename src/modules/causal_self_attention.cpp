@@ -7,7 +7,7 @@
 namespace attention {
 
 namespace {
-constexpr const char* kName = "attention::CausalSelfAttention";
+constexpr const char* kCausalSelfAttentionName = "attention::CausalSelfAttention";
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOptions& options_)
@@ -16,22 +16,23 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOption
 }
 
 void CausalSelfAttentionImpl::reset() {
-  TORCH_CHECK_VALUE(options.dropout() >= 0.0 && options.dropout() < 1.0, kName,
+  TORCH_CHECK_VALUE(options.dropout() >= 0.0 && options.dropout() < 1.0, kCausalSelfAttentionName,
                     ": expected dropout in [0, 1), got ", options.dropout());
   auto w = detail::register_qkv(*this, options.d_in(), options.d_in(), options.d_out_kq(),
-                                options.d_out_v(), kName);
+                                options.d_out_v(), kCausalSelfAttentionName);
   W_query = w.W_query;
   W_key = w.W_key;
   W_value = w.W_value;
 }
 
 void CausalSelfAttentionImpl::pretty_print(std::ostream& stream) const {
-  stream << kName << "(d_in=" << options.d_in() << ", d_out_kq=" << options.d_out_kq()
-         << ", d_out_v=" << options.d_out_v() << ", dropout=" << options.dropout() << ")";
+  stream << kCausalSelfAttentionName << "(d_in=" << options.d_in()
+         << ", d_out_kq=" << options.d_out_kq() << ", d_out_v=" << options.d_out_v()
+         << ", dropout=" << options.dropout() << ")";
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  detail::check_module_input(x, options.d_in(), W_query, kName, "input");
+  detail::check_module_input(x, options.d_in(), W_query, kCausalSelfAttentionName, "input");
   // SelfAttention with the positions after each token set to -inf before the softmax
   return functional::projected_attention(
       x, x, W_query, W_key, W_value,

@@ -7,18 +7,18 @@
 namespace attention {
 
 namespace {
-constexpr const char* kName = "attention::KVCache";
+constexpr const char* kKVCacheName = "attention::KVCache";
 }
 
 KVCache::KVCache(int64_t max_length) : max_length_(max_length) {
-  detail::check_positive(max_length, "max_length", kName);
+  detail::check_positive(max_length, "max_length", kKVCacheName);
 }
 
 std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& keys,
                                                         const torch::Tensor& values) {
-  detail::check_cache_append(keys, values, keys_, kName);
+  detail::check_cache_append(keys, values, keys_, kKVCacheName);
   const int64_t t_new = keys.size(2);
-  TORCH_CHECK_VALUE(length_ + t_new <= max_length_, kName, ": cannot append ", t_new,
+  TORCH_CHECK_VALUE(length_ + t_new <= max_length_, kKVCacheName, ": cannot append ", t_new,
                     " token(s) to the ", length_, " cached: max_length is ", max_length_,
                     " (reset() the cache or make a longer one)");
   // Everything is checked: only now is the storage made (on the first append), so that a
@@ -32,9 +32,9 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& key
       sizes[part] = given.sizes().vec();
       sizes[part][2] = max_length_;
       TORCH_CHECK_VALUE(
-          detail::fits_in_bytes(sizes[part], static_cast<int64_t>(given.element_size())), kName,
-          ": storage for max_length = ", max_length_, " tokens of (", given.size(0), ", ",
-          given.size(1), ", T, ", given.size(3), ") would exceed 2^63 - 1 bytes");
+          detail::fits_in_bytes(sizes[part], static_cast<int64_t>(given.element_size())),
+          kKVCacheName, ": storage for max_length = ", max_length_, " tokens of (", given.size(0),
+          ", ", given.size(1), ", T, ", given.size(3), ") would exceed 2^63 - 1 bytes");
     }
     auto new_keys = torch::empty(sizes[0], keys.options());
     auto new_values = torch::empty(sizes[1], values.options());
@@ -54,7 +54,7 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& key
 }
 
 void KVCache::truncate(int64_t length) {
-  TORCH_CHECK_VALUE(length >= 0 && length <= length_, kName, ": cannot truncate to ", length,
+  TORCH_CHECK_VALUE(length >= 0 && length <= length_, kKVCacheName, ": cannot truncate to ", length,
                     " tokens: ", length_, " are cached");
   length_ = length;
 }

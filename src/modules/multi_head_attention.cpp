@@ -11,7 +11,7 @@ namespace attention {
 
 namespace {
 
-constexpr const char* kName = "attention::MultiHeadAttention";
+constexpr const char* kMultiHeadAttentionName = "attention::MultiHeadAttention";
 
 // Folds the key padding mask (B, Tk), true = padding, into the attention mask.
 torch::Tensor combine_masks(const torch::Tensor& attn_mask, const torch::Tensor& key_padding_mask) {
@@ -63,24 +63,26 @@ void MultiHeadAttentionImpl::reset() {
                                     {o.num_heads(), "num_heads"},
                                     {o.num_kv_heads(), "num_kv_heads"},
                                     {o.d_in_kv(), "d_in_kv"}}) {
-    detail::check_positive(value, name, kName);
+    detail::check_positive(value, name, kMultiHeadAttentionName);
   }
-  TORCH_CHECK_VALUE(o.d_out() % o.num_heads() == 0, kName, ": expected num_heads to divide d_out, ",
-                    "got d_out ", o.d_out(), " and num_heads ", o.num_heads());
-  TORCH_CHECK_VALUE(o.num_heads() % o.num_kv_heads() == 0, kName,
+  TORCH_CHECK_VALUE(o.d_out() % o.num_heads() == 0, kMultiHeadAttentionName,
+                    ": expected num_heads to divide d_out, ", "got d_out ", o.d_out(),
+                    " and num_heads ", o.num_heads());
+  TORCH_CHECK_VALUE(o.num_heads() % o.num_kv_heads() == 0, kMultiHeadAttentionName,
                     ": expected num_kv_heads to divide num_heads, got num_heads ", o.num_heads(),
                     " and num_kv_heads ", o.num_kv_heads());
-  TORCH_CHECK_VALUE(o.context_length() >= 0, kName, ": expected context_length >= 0, got ",
-                    o.context_length());
-  TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, kName,
+  TORCH_CHECK_VALUE(o.context_length() >= 0, kMultiHeadAttentionName,
+                    ": expected context_length >= 0, got ", o.context_length());
+  TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, kMultiHeadAttentionName,
                     ": expected dropout in [0, 1), got ", o.dropout());
-  TORCH_CHECK_VALUE(!o.sliding_window() || *o.sliding_window() >= 1, kName,
+  TORCH_CHECK_VALUE(!o.sliding_window() || *o.sliding_window() >= 1, kMultiHeadAttentionName,
                     ": expected sliding_window >= 1 (unset for none), got ", *o.sliding_window());
-  TORCH_CHECK_VALUE(!o.softcap() || (std::isfinite(*o.softcap()) && *o.softcap() > 0.0), kName,
+  TORCH_CHECK_VALUE(!o.softcap() || (std::isfinite(*o.softcap()) && *o.softcap() > 0.0),
+                    kMultiHeadAttentionName,
                     ": expected a finite softcap > 0 (unset for none), got ", *o.softcap());
   alibi_slopes_ = o.alibi() ? functional::alibi_slopes(o.num_heads()) : torch::Tensor();
   rotary_ = o.rope() ? std::make_shared<detail::RotaryCache>(
-                           detail::resolve_rotary(*o.rope(), head_dim(), kName))
+                           detail::resolve_rotary(*o.rope(), head_dim(), kMultiHeadAttentionName))
                      : nullptr;
   const int64_t kv_dim = o.num_kv_heads() * head_dim();
   using torch::nn::LinearOptions;
@@ -114,7 +116,7 @@ functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   const auto& o = options;
-  stream << kName << "(d_in=" << o.d_in() << ", d_out=" << o.d_out()
+  stream << kMultiHeadAttentionName << "(d_in=" << o.d_in() << ", d_out=" << o.d_out()
          << ", num_heads=" << o.num_heads() << ", num_kv_heads=" << o.num_kv_heads()
          << ", context_length=" << o.context_length() << ", dropout=" << o.dropout()
          << ", qkv_bias=" << std::boolalpha << o.qkv_bias() << ", out_bias=" << o.out_bias()
@@ -139,23 +141,25 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     const torch::Tensor& x, const MultiHeadAttentionForwardOptions& forward_options) {
   using detail::shape_str;
   const auto& weight = W_query->weight;
-  detail::check_module_input(x, options.d_in(), weight, kName, "input");
+  detail::check_module_input(x, options.d_in(), weight, kMultiHeadAttentionName, "input");
   const bool unbatched = x.dim() == 2;
   const auto batched = [&](const torch::Tensor& t) { return unbatched ? t.unsqueeze(0) : t; };
   const torch::Tensor xb = batched(x);
   torch::Tensor source = xb;
   if (forward_options.context().defined()) {
     const auto& context = forward_options.context();
-    detail::check_module_input(context, options.d_in_kv(), weight, kName, "context");
-    detail::check_same_batch(x, context, kName, "x", "context");
+    detail::check_module_input(context, options.d_in_kv(), weight, kMultiHeadAttentionName,
+                               "context");
+    detail::check_same_batch(x, context, kMultiHeadAttentionName, "x", "context");
     source = batched(context);
   }
   auto* const sliding = forward_options.sliding_kv_cache();
-  TORCH_CHECK_VALUE(!(sliding && forward_options.kv_cache()), kName,
+  TORCH_CHECK_VALUE(!(sliding && forward_options.kv_cache()), kMultiHeadAttentionName,
                     ": expected at most one of kv_cache and sliding_kv_cache, got both");
   if (sliding && options.sliding_window()) {
     TORCH_CHECK_VALUE(sliding->sink_tokens() == 0 && sliding->window() >= *options.sliding_window(),
-                      kName, ": expected a sliding_kv_cache of window >= sliding_window = ",
+                      kMultiHeadAttentionName,
+                      ": expected a sliding_kv_cache of window >= sliding_window = ",
                       *options.sliding_window(), " and no sink tokens, got window ",
                       sliding->window(), " and ", sliding->sink_tokens(), " sink tokens");
   }
@@ -163,10 +167,10 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   const bool placed = options.causal() || options.sliding_window() || options.alibi();
   TORCH_CHECK_VALUE(!(sliding || forward_options.kv_cache()) || !placed ||
                         options.causal_alignment() == functional::CausalAlignment::BottomRight,
-                    kName,
+                    kMultiHeadAttentionName,
                     ": a kv_cache or sliding_kv_cache needs causal_alignment BottomRight (the new "
                     "tokens follow the cached ones), got TopLeft");
-  TORCH_CHECK_VALUE(!rotary_ || !forward_options.context().defined(), kName,
+  TORCH_CHECK_VALUE(!rotary_ || !forward_options.context().defined(), kMultiHeadAttentionName,
                     ": rotary embeddings need queries and keys of one sequence; got a context "
                     "(cross-attention): use a module without rope for it");
   const int64_t B = xb.size(0), t_q = xb.size(1), H = options.num_heads();
@@ -191,17 +195,17 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   }
   if (sliding) std::tie(keys, values) = sliding->append(keys, values);
   const int64_t t_k = keys.size(2);
-  TORCH_CHECK_VALUE(options.context_length() == 0 || t_k <= options.context_length(), kName,
-                    ": expected at most context_length = ", options.context_length(), " keys, got ",
-                    t_k);
+  TORCH_CHECK_VALUE(
+      options.context_length() == 0 || t_k <= options.context_length(), kMultiHeadAttentionName,
+      ": expected at most context_length = ", options.context_length(), " keys, got ", t_k);
 
   const auto& padding = forward_options.key_padding_mask();
   if (padding.defined()) {
     const auto expected = unbatched ? std::vector<int64_t>{t_k} : std::vector<int64_t>{B, t_k};
-    TORCH_CHECK_TYPE(padding.scalar_type() == at::kBool, kName,
+    TORCH_CHECK_TYPE(padding.scalar_type() == at::kBool, kMultiHeadAttentionName,
                      ": expected key_padding_mask of dtype bool (true = padding), got ",
                      padding.scalar_type());
-    TORCH_CHECK_VALUE(padding.sizes() == c10::IntArrayRef(expected), kName,
+    TORCH_CHECK_VALUE(padding.sizes() == c10::IntArrayRef(expected), kMultiHeadAttentionName,
                       ": expected key_padding_mask ", shape_str(expected), ", got ",
                       shape_str(padding.sizes()));
   }
@@ -209,7 +213,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   if (attn_mask.defined()) {
     const auto scores =
         unbatched ? std::vector<int64_t>{H, t_q, t_k} : std::vector<int64_t>{B, H, t_q, t_k};
-    TORCH_CHECK_VALUE(detail::broadcastable_to(attn_mask.sizes(), scores), kName,
+    TORCH_CHECK_VALUE(detail::broadcastable_to(attn_mask.sizes(), scores), kMultiHeadAttentionName,
                       ": expected attn_mask broadcastable to ", shape_str(scores), ", got ",
                       shape_str(attn_mask.sizes()));
   }

@@ -7,7 +7,7 @@
 namespace attention {
 
 namespace {
-constexpr const char* kName = "attention::MultiHeadAttentionWrapper";
+constexpr const char* kWrapperName = "attention::MultiHeadAttentionWrapper";
 }
 
 MultiHeadAttentionWrapperImpl::MultiHeadAttentionWrapperImpl(
@@ -17,8 +17,8 @@ MultiHeadAttentionWrapperImpl::MultiHeadAttentionWrapperImpl(
 }
 
 void MultiHeadAttentionWrapperImpl::reset() {
-  detail::check_positive(options.num_heads(), "num_heads", kName);
-  TORCH_CHECK_VALUE(options.num_heads() <= kMaxWrapperHeads, kName,
+  detail::check_positive(options.num_heads(), "num_heads", kWrapperName);
+  TORCH_CHECK_VALUE(options.num_heads() <= kMaxWrapperHeads, kWrapperName,
                     ": expected num_heads <= ", kMaxWrapperHeads, " (one module each), got ",
                     options.num_heads());
   heads = register_module("heads", torch::nn::ModuleList());
@@ -28,13 +28,13 @@ void MultiHeadAttentionWrapperImpl::reset() {
 }
 
 void MultiHeadAttentionWrapperImpl::pretty_print(std::ostream& stream) const {
-  stream << kName << "(d_in=" << options.d_in() << ", d_out_kq=" << options.d_out_kq()
+  stream << kWrapperName << "(d_in=" << options.d_in() << ", d_out_kq=" << options.d_out_kq()
          << ", d_out_v=" << options.d_out_v() << ", num_heads=" << options.num_heads() << ")";
 }
 
 torch::Tensor MultiHeadAttentionWrapperImpl::forward(const torch::Tensor& x) {
-  detail::check_module_input(x, options.d_in(), heads[0]->as<SelfAttentionImpl>()->W_query, kName,
-                             "input");
+  detail::check_module_input(x, options.d_in(), heads[0]->as<SelfAttentionImpl>()->W_query,
+                             kWrapperName, "input");
   std::vector<torch::Tensor> outputs;
   outputs.reserve(heads->size());
   for (const auto& head : *heads) outputs.push_back(head->as<SelfAttentionImpl>()->forward(x));

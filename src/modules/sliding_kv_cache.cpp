@@ -7,13 +7,14 @@
 namespace attention {
 
 namespace {
-constexpr const char* kName = "attention::SlidingKVCache";
+constexpr const char* kSlidingKVCacheName = "attention::SlidingKVCache";
 }
 
 SlidingKVCache::SlidingKVCache(int64_t window, int64_t sink_tokens)
     : window_(window), sink_tokens_(sink_tokens) {
-  detail::check_positive(window, "window", kName);
-  TORCH_CHECK_VALUE(sink_tokens >= 0, kName, ": expected sink_tokens >= 0, got ", sink_tokens);
+  detail::check_positive(window, "window", kSlidingKVCacheName);
+  TORCH_CHECK_VALUE(sink_tokens >= 0, kSlidingKVCacheName, ": expected sink_tokens >= 0, got ",
+                    sink_tokens);
 }
 
 int64_t SlidingKVCache::length() const {
@@ -27,7 +28,7 @@ void SlidingKVCache::reset() {
 
 std::pair<torch::Tensor, torch::Tensor> SlidingKVCache::append(const torch::Tensor& keys,
                                                                const torch::Tensor& values) {
-  detail::check_cache_append(keys, values, head_keys_, kName);
+  detail::check_cache_append(keys, values, head_keys_, kSlidingKVCacheName);
   if (!head_keys_.defined()) {  // empty parts of the first call's shape
     head_keys_ = tail_keys_ = keys.detach().narrow(2, 0, 0);
     head_values_ = tail_values_ = values.detach().narrow(2, 0, 0);

@@ -12,7 +12,8 @@
 // Each instruction set's file instantiates these loops inside functions compiled for it, where
 // the always-inlined loop takes that target.
 
-#include "kernels/cpu/tile.h"
+#include "kernels/cpu/exp.h"
+#include "platform/compiler.h"
 
 #include <algorithm>
 #include <cstdint>
