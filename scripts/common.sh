@@ -14,10 +14,12 @@ configure_and_build() {
 
 # The one configuration of BUILD_DIR that scripts/demo.sh and scripts/test.sh share, so that
 # running both compiles the library once: shared, with the tests, the tools and
-# attention::distributed.
+# attention::distributed. Further arguments go to the configure (scripts/compile_times.sh adds
+# its timing launcher).
+# shellcheck disable=SC2120  # callers without arguments take the suite as it is
 configure_suite() {
   cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-    -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON -DATTENTION_DISTRIBUTED=ON
+    -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON -DATTENTION_DISTRIBUTED=ON "$@"
 }
 
 # The one build with AddressSanitizer and UndefinedBehaviorSanitizer: clang, with libFuzzer's

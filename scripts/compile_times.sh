@@ -30,9 +30,8 @@ LAUNCHER
 chmod +x "$launcher"
 
 export COMPILE_TIMES_LOG=$log
-cmake -S "$ROOT" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-  -DATTENTION_BUILD_TESTS=ON -DATTENTION_BUILD_TOOLS=ON -DATTENTION_DISTRIBUTED=ON \
-  -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" >/dev/null
+BUILD_DIR=$work/build
+configure_suite -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" >/dev/null
 start=$SECONDS
 if ! cmake --build "$work/build" -j "$JOBS" >"$work/build.log" 2>&1; then
   grep -B2 -A12 -m5 'error' "$work/build.log" >&2 || tail -n 40 "$work/build.log" >&2
