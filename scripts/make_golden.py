@@ -276,6 +276,7 @@ def case_list():
         forward=dict(decode=[1, 7, 16, 3, 13], sliding_cache=7), mode="inference", path="math")
 
     varlen_cases(cases, add, mha)
+    paged_cases(cases, add, mha)
     for i, case in enumerate(cases):
         case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
@@ -325,6 +326,71 @@ def varlen_cases(cases, add, mha):
     packed("varlen_not_causal_native", mha(8, 8, 2, causal=False), [6, 11, 2], backend="native",
            path="native")
     return names
+
+
+def paged_cases(cases, add, mha):
+    """Sequences sharing a PagedKVCache (functional::paged_attention over its pages):
+    forward["paged"] holds page_size, num_pages, window (the cache's), steps (each a list of
+    [sequence, new tokens]: some sequences take a chunk of their prompt, others one token, in one
+    packed step) and forks ([step, parent, child]: before that step the child starts as a copy of
+    the parent, sharing its pages). Python runs the book's module on each sequence alone; the
+    output is (S, T, d_out), zeros past a sequence's length, and a fork's tokens before it forked
+    are its parent's. The C++ harness runs the steps through the cache. Seeds of their own."""
+    def paged(name, args, shape, steps, page_size, num_pages, dtype="float32", forks=(),
+              window=None, backend="auto", path="chunked_fused"):
+        spec = dict(page_size=page_size, num_pages=num_pages, steps=steps,
+                    forks=[list(f) for f in forks])
+        if window:
+            spec["window"] = window
+        add(name, "MultiHeadAttention", args, [shape], dtype,
+            forward=dict(paged=spec, backend=backend), mode="inference", path=path)
+        cases[-1]["seed"] = 4200 + len(names)
+        names.append(name)
+
+    names = []
+    mixed = [[[0, 5], [1, 1]], [[0, 1], [1, 6], [2, 3]], [[0, 1], [1, 1], [2, 9]],
+             [[0, 6], [1, 1], [2, 1]], [[0, 1], [1, 1], [2, 7]], [[0, 6], [1, 10]]]
+    paged("paged_mixed_steps_gqa", mha(8, 16, 4, num_kv_heads=2), [3, 20, 8], mixed, 4, 16)
+    paged("paged_mixed_steps_math_float64", mha(8, 16, 4, num_kv_heads=2), [3, 20, 8], mixed, 4,
+          16, "float64", backend="math", path="math")
+    # A window of 5 keys in pages of 2: each sequence gives its old pages back, and the pool of
+    # 14 pages holds two sequences of 30 tokens.
+    windowed = [[[0, 9], [1, 1]]] + [[[0, 1], [1, 1]]] * 6 + [[[0, 1], [1, 7]]] + \
+        [[[0, 1], [1, 1]]] * 14 + [[[1, 1]]] * 2
+    paged("paged_rope_window_gqa_float64",
+          mha(8, 32, 4, num_kv_heads=2, sliding_window=5, rope_theta=10000.0), [2, 30, 8],
+          windowed, 2, 14, "float64", window=5)
+    forked = [[[0, 6]], [[0, 1], [1, 1]]] + [[[0, 1], [1, 1], [2, 1]]] * 8 + [[[1, 1], [2, 1]]]
+    paged("paged_forks_alibi_float64", mha(8, 16, 4, alibi=True), [3, 16, 8], forked, 4, 24,
+          "float64", forks=[[1, 0, 1], [2, 0, 2]])
+    paged("paged_sinks_softcap_mqa_bfloat16", mha(8, 16, 4, num_kv_heads=1, sinks=True,
+                                                  softcap=2.0), [2, 12, 8],
+          [[[0, 4], [1, 7]]] + [[[0, 1], [1, 1]]] * 5 + [[[0, 3]]], 4, 8, "bfloat16")
+    return names
+
+
+def paged_lengths(spec, sequences):
+    """Each sequence's tokens once every step has run, and where each fork began:
+    {child: (parent, parent's length at the fork)}."""
+    lengths, forked_at = [0] * sequences, {}
+    for index, step in enumerate(spec["steps"]):
+        for when, parent, child in spec["forks"]:
+            if when == index:
+                lengths[child] = lengths[parent]
+                forked_at[child] = (parent, lengths[parent])
+        for sequence, count in step:
+            lengths[sequence] += count
+    return lengths, forked_at
+
+
+def run_paged(module, x, spec):
+    """Each sequence alone through the book's module: (S, T, d_out), zeros past its length."""
+    lengths, _ = paged_lengths(spec, x.shape[0])
+    out = torch.zeros(x.shape[0], x.shape[1], module.d_out, dtype=x.dtype)
+    for s, length in enumerate(lengths):
+        if length > 0:
+            out[s, :length] = module(x[s:s + 1, :length])[0]
+    return out
 
 
 def make_inputs(case, dtype):
@@ -449,8 +515,17 @@ def run_inference(case):
     names = input_names(case)
     inputs = dict(zip(names, make_inputs(case, dtype)))
     compute = copy.deepcopy(module).float() if dtype == torch.bfloat16 else module
+    spec = case["forward"].get("paged")
+    if spec:
+        # A fork's tokens before it forked are its parent's.
+        for child, (parent, length) in paged_lengths(spec, inputs["x"].shape[0])[1].items():
+            inputs["x"][child, :length] = inputs["x"][parent, :length]
     with torch.no_grad():
-        if case["module"] == "MultiHeadAttention":
+        if spec:
+            output = run_paged(compute, inputs["x"].float() if dtype == torch.bfloat16
+                               else inputs["x"], spec)
+            masks = {}
+        elif case["module"] == "MultiHeadAttention":
             masks = make_masks(case, inputs)
             wide = {n: t.float() if dtype == torch.bfloat16 else t for n, t in inputs.items()}
             output, _, _ = run_mha(case, compute, wide, masks)

@@ -4,6 +4,7 @@
 #include <attention/attention.h>
 
 #include "helpers.h"
+#include "paged_cache_state.h"
 
 #include <torch/torch.h>
 
@@ -734,5 +735,261 @@ TEST_CASE("bad input: NaN and Inf propagate through every module without a crash
   for (const auto& out : outputs) {
     CHECK_FALSE(torch::isfinite(out[0]).all().item<bool>());
     CHECK_FALSE(torch::isfinite(out[1]).all().item<bool>());
+  }
+}
+
+namespace {
+
+// A refusal of the paged cache, of attention over its pages or of the module's step: the exact
+// message, and the cache exactly as it was.
+struct PagedBadInput {
+  std::string what;
+  std::function<void(attention::PagedKVCache&)> call;
+  Kind kind;
+  std::string message;
+};
+
+std::vector<PagedBadInput> paged_cases() {
+  using attention::PagedKVCache;
+  using attention::PagedKVCacheOptions;
+  using Cache = PagedKVCache&;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t k2to31 = int64_t{1} << 31;
+  const auto make = [](PagedKVCacheOptions o) { return [o](Cache) { PagedKVCache cache(o); }; };
+  const auto one = torch::tensor({0, 1}), lengths = torch::tensor({3}),
+             table = torch::tensor({{0}});
+  const auto q = torch::randn({1, 2, 4});
+  const auto paged = [](torch::Tensor query, torch::Tensor cu, torch::Tensor lengths_,
+                        torch::Tensor table_, F::ScaledDotProductAttentionOptions o = {}) {
+    return [=](Cache c) {
+      F::paged_attention(query, c.keys(0), c.values(0), cu, lengths_, table_, o);
+    };
+  };
+  constexpr const char* kPaged = "attention::functional::paged_attention: ";
+  return {
+      // The pool's sizes at their extremes.
+      {"pool: no pages", make(PagedKVCacheOptions(0, 4, 2, 4)), Kind::Value,
+       "attention::PagedKVCache: expected num_pages > 0, got 0"},
+      {"pool: negative page size", make(PagedKVCacheOptions(4, -1, 2, 4)), Kind::Value,
+       "attention::PagedKVCache: expected page_size > 0, got -1"},
+      {"pool: no heads", make(PagedKVCacheOptions(4, 4, 0, 4)), Kind::Value,
+       "attention::PagedKVCache: expected num_kv_heads > 0, got 0"},
+      {"pool: no features", make(PagedKVCacheOptions(4, 4, 2, 0)), Kind::Value,
+       "attention::PagedKVCache: expected head_dim > 0, got 0"},
+      {"pool: no layers", make(PagedKVCacheOptions(4, 4, 2, 4).num_layers(0)), Kind::Value,
+       "attention::PagedKVCache: expected num_layers > 0, got 0"},
+      {"pool: window 0", make(PagedKVCacheOptions(4, 4, 2, 4).sliding_window(0)), Kind::Value,
+       "attention::PagedKVCache: expected sliding_window >= 1 (unset for none), got 0"},
+      {"pool: 2^31 pages of 2^31 tokens", make(PagedKVCacheOptions(k2to31, k2to31, 2, 4)),
+       Kind::Value,
+       "attention::PagedKVCache: a pool of 2147483648 pages of 2147483648 tokens, 2 heads of 4 "
+       "features, 1 layers in Float needs more than 2^63 bytes"},
+      {"pool: INT64_MAX pages", make(PagedKVCacheOptions(kMax, 1, 1, 1)), Kind::Value,
+       "attention::PagedKVCache: a pool of 9223372036854775807 pages of 1 tokens, 1 heads of 1 "
+       "features, 1 layers in Float needs more than 2^63 bytes"},
+      {"pool: INT64_MAX layers", make(PagedKVCacheOptions(1, 1, 1, 1).num_layers(kMax)),
+       Kind::Value, "needs more than 2^63 bytes"},
+      {"pool: half", make(PagedKVCacheOptions(4, 4, 2, 4).dtype(torch::kHalf)), Kind::Type,
+       "attention::PagedKVCache: expected dtype Float, Double or BFloat16, got Half"},
+      {"pool: integers", make(PagedKVCacheOptions(4, 4, 2, 4).dtype(torch::kLong)), Kind::Type,
+       "attention::PagedKVCache: expected dtype Float, Double or BFloat16, got Long"},
+      // Sequences: unknown, freed, repeated (the fixture holds 0, freed, and 1, 3 tokens).
+      {"extend: unknown", [](Cache c) { c.extend({7}, {1}); }, Kind::Value,
+       "attention::PagedKVCache::extend: unknown sequence 7 (the cache has made ids 0 to 1)"},
+      {"extend: negative id", [](Cache c) { c.extend({-1}, {1}); }, Kind::Value,
+       "attention::PagedKVCache::extend: unknown sequence -1 (the cache has made ids 0 to 1)"},
+      {"extend: INT64_MAX id", [=](Cache c) { c.extend({kMax}, {1}); }, Kind::Value,
+       "attention::PagedKVCache::extend: unknown sequence 9223372036854775807"},
+      {"extend: freed",
+       [](Cache c) {
+         c.extend({1, 0}, {1, 1});
+       },
+       Kind::Value, "attention::PagedKVCache::extend: sequence 0 was freed"},
+      {"extend: twice in a step",
+       [](Cache c) {
+         c.extend({1, 1}, {1, 1});
+       },
+       Kind::Value,
+       "attention::PagedKVCache::extend: sequence 1 appears more than once in one step"},
+      {"extend: counts",
+       [](Cache c) {
+         c.extend({1}, {1, 2});
+       },
+       Kind::Value,
+       "attention::PagedKVCache::extend: expected one token count per sequence, got 1 sequences "
+       "and 2 counts"},
+      {"extend: negative count", [](Cache c) { c.extend({1}, {-1}); }, Kind::Value,
+       "attention::PagedKVCache::extend: expected new_tokens >= 0, got -1 for sequence 1"},
+      {"extend: full pool", [](Cache c) { c.extend({1}, {14}); }, Kind::Value,
+       "attention::PagedKVCache::extend: out of pages: the step needs 4 new page(s) and 3 of 4 "
+       "are free (free finished sequences or make a larger pool); nothing was changed"},
+      {"extend: 2^31 tokens", [=](Cache c) { c.extend({1}, {k2to31}); }, Kind::Value,
+       "attention::PagedKVCache::extend: out of pages: the step needs more pages than the pool "
+       "has and 3 of 4 are free"},
+      {"extend: INT64_MAX tokens", [=](Cache c) { c.extend({1}, {kMax}); }, Kind::Value,
+       "out of pages: the step needs more pages than the pool has"},
+      {"pages_needed: freed", [](Cache c) { c.pages_needed({0}, {1}); }, Kind::Value,
+       "attention::PagedKVCache::pages_needed: sequence 0 was freed"},
+      {"fork: unknown", [](Cache c) { c.fork_sequence(2); }, Kind::Value,
+       "attention::PagedKVCache::fork_sequence: unknown sequence 2 (the cache has made ids 0 to "
+       "1)"},
+      {"fork: freed", [](Cache c) { c.fork_sequence(0); }, Kind::Value,
+       "attention::PagedKVCache::fork_sequence: sequence 0 was freed"},
+      {"free: freed", [](Cache c) { c.free_sequence(0); }, Kind::Value,
+       "attention::PagedKVCache::free_sequence: sequence 0 was freed"},
+      {"free: INT64_MAX", [=](Cache c) { c.free_sequence(kMax); }, Kind::Value,
+       "attention::PagedKVCache::free_sequence: unknown sequence 9223372036854775807"},
+      {"pages: freed", [](Cache c) { c.pages(0); }, Kind::Value,
+       "attention::PagedKVCache::pages: sequence 0 was freed"},
+      {"length: freed", [](Cache c) { c.length(0); }, Kind::Value,
+       "attention::PagedKVCache::length: sequence 0 was freed"},
+      {"truncate: longer", [=](Cache c) { c.truncate(1, kMax); }, Kind::Value,
+       "attention::PagedKVCache::truncate: cannot truncate sequence 1 to 9223372036854775807 "
+       "tokens: it has 3"},
+      {"truncate: negative", [](Cache c) { c.truncate(1, -1); }, Kind::Value,
+       "attention::PagedKVCache::truncate: cannot truncate sequence 1 to -1 tokens: it has 3"},
+      {"page_references: INT64_MAX", [=](Cache c) { c.page_references(kMax); }, Kind::Value,
+       "attention::PagedKVCache::page_references: expected a page in [0, 4), got "
+       "9223372036854775807"},
+      {"keys: layer -1", [](Cache c) { c.keys(-1); }, Kind::Value,
+       "attention::PagedKVCache::keys: expected a layer in [0, 1), got -1"},
+      // Writes: a stale batch (made before the cache changed), layers, shapes, dtypes, devices.
+      {"write: stale batch",
+       [](Cache c) {
+         const auto stale = c.extend({}, {});
+         c.extend({}, {});  // a change, if of nothing
+         c.write(0, stale, torch::zeros({0, 2, 4}), torch::zeros({0, 2, 4}));
+       },
+       Kind::Value,
+       "attention::PagedKVCache::write: the batch does not describe this cache as it is now (it "
+       "was made before the cache last changed, or by another cache): extend() again"},
+      {"write: layer INT64_MAX",
+       [=](Cache c) {
+         const auto k = torch::zeros({0, 2, 4});
+         c.write(kMax, c.extend({}, {}), k, k);
+       },
+       Kind::Value,
+       "attention::PagedKVCache::write: expected a layer in [0, 1), got "
+       "9223372036854775807"},
+      {"write: shape",
+       [](Cache c) {
+         const auto k = torch::zeros({1, 2, 5});
+         c.write(0, c.extend({}, {}), k, k);
+       },
+       Kind::Value,
+       "attention::PagedKVCache::write: expected keys and values of shape (0, 2, 4) "
+       "(total_tokens, num_kv_heads, head_dim), got (1, 2, 5) and (1, 2, 5)"},
+      {"write: dtype",
+       [](Cache c) {
+         const auto k = torch::zeros({0, 2, 4}, torch::kDouble);
+         c.write(0, c.extend({}, {}), k, k);
+       },
+       Kind::Type,
+       "attention::PagedKVCache::write: expected keys and values of dtype Float (the cache's), "
+       "got Double and Double"},
+      {"write: device",
+       [](Cache c) {
+         const auto k = torch::empty({0, 2, 4}, torch::kMeta);
+         c.write(0, c.extend({}, {}), k, k);
+       },
+       Kind::Other,
+       "attention::PagedKVCache::write: expected keys and values on cpu (the cache's device), got "
+       "meta and meta"},
+      // Attention over the pages: lengths, tables and their entries.
+      {"paged_attention: negative length", paged(q, one, torch::tensor({-1}), table), Kind::Value,
+       std::string(kPaged) + "expected key_lengths >= 0, got -1 for sequence 0"},
+      {"paged_attention: length past the table", paged(q, one, torch::tensor({5}), table),
+       Kind::Value,
+       std::string(kPaged) +
+           "expected key_lengths of at most 4 (page_table's 1 pages of 4 tokens), got 5 for "
+           "sequence 0"},
+      {"paged_attention: INT64_MAX length", paged(q, one, torch::tensor({kMax}), table),
+       Kind::Value, "got 9223372036854775807 for sequence 0"},
+      {"paged_attention: lengths per sequence", paged(q, one, torch::tensor({3, 3}), table),
+       Kind::Value,
+       std::string(kPaged) + "expected key_lengths of shape (1,), one per sequence, got (2,)"},
+      {"paged_attention: float lengths", paged(q, one, torch::tensor({3.0}), table), Kind::Type,
+       std::string(kPaged) + "expected key_lengths of dtype Int or Long, got Double"},
+      {"paged_attention: table rows", paged(q, one, lengths, torch::tensor({{0}, {1}})),
+       Kind::Value,
+       std::string(kPaged) +
+           "expected page_table of shape (1, max_pages), one row per sequence, got (2, 1)"},
+      {"paged_attention: freed page in the table", paged(q, one, lengths, torch::tensor({{-1}})),
+       Kind::Value,
+       std::string(kPaged) +
+           "expected page_table[0][0] (a page holding keys of sequence 0 that its queries see) "
+           "in [0, 4), got -1"},
+      {"paged_attention: page past the pool", paged(q, one, lengths, torch::tensor({{4}})),
+       Kind::Value, "in [0, 4), got 4"},
+      {"paged_attention: INT64_MAX page", paged(q, one, lengths, torch::tensor({{kMax}})),
+       Kind::Value, "in [0, 4), got 9223372036854775807"},
+      {"paged_attention: 2^31 page", paged(q, one, lengths, torch::tensor({{k2to31}})), Kind::Value,
+       "in [0, 4), got 2147483648"},
+      {"paged_attention: offsets past the queries", paged(q, torch::tensor({0, 2}), lengths, table),
+       Kind::Value, "expected cu_seqlens_q to end at total_q"},
+      {"paged_attention: query shape", paged(torch::randn({1, 2, 5}), one, lengths, table),
+       Kind::Value,
+       std::string(kPaged) +
+           "expected query (total_q, H, d), key_pages (num_pages, Hkv, page_size, d) and "
+           "value_pages (num_pages, Hkv, page_size, dv) with H a multiple of Hkv >= 1 and "
+           "page_size >= 1, got query (1, 2, 5), key_pages (4, 2, 4, 4), value_pages (4, 2, 4, 4)"},
+      {"paged_attention: offsets decrease",
+       paged(torch::randn({1, 2, 4}), torch::tensor({0, 1, 0}), torch::tensor({3, 3}),
+             torch::tensor({{1}, {1}})),
+       Kind::Value,
+       std::string(kPaged) + "expected nondecreasing cu_seqlens_q, got 0 after 1 (entry 2)"},
+      {"paged_attention: offsets not from 0", paged(q, torch::tensor({1, 1}), lengths, table),
+       Kind::Value, std::string(kPaged) + "expected cu_seqlens_q to start at 0, got 1"},
+      {"paged_attention: table on another device",
+       paged(q, one, lengths,
+             torch::empty({1, 1}, torch::TensorOptions(torch::kMeta).dtype(torch::kLong))),
+       Kind::Other,
+       std::string(kPaged) +
+           "expected page_table on the CPU or on the queries' device (cpu), got meta"},
+      {"paged_attention: float table", paged(q, one, lengths, torch::tensor({{0.0}})), Kind::Type,
+       std::string(kPaged) + "expected page_table of dtype Int or Long, got Double"},
+      {"paged_attention: dtype", paged(q.to(torch::kDouble), one, lengths, table), Kind::Type,
+       std::string(kPaged) + "expected query and pages of one dtype, got Double, Float, Float"},
+      {"paged_attention: mask",
+       paged(q, one, lengths, table, F::ScaledDotProductAttentionOptions().attn_mask(q)),
+       Kind::Value, std::string(kPaged) + "takes no attn_mask"},
+      {"paged_attention: dropout",
+       paged(q, one, lengths, table, F::ScaledDotProductAttentionOptions().dropout_p(0.5)),
+       Kind::Value, std::string(kPaged) + "computes no dropout (it is for inference); got 0.5"},
+      {"paged_attention: gradients", paged(q.clone().requires_grad_(), one, lengths, table),
+       Kind::Other,
+       std::string(kPaged) +
+           "is for inference: the pages hold no gradients; call it under torch::NoGradGuard"},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("bad input: the paged cache and attention over it refuse by name and change nothing",
+          "[errors][paged]") {
+  for (const auto& c : paged_cases()) {
+    INFO(c.what);
+    attention::PagedKVCache cache(attention::PagedKVCacheOptions(4, 4, 2, 4));
+    const int64_t freed = cache.add_sequence(), kept = cache.add_sequence();
+    cache.write(0, cache.extend({freed, kept}, {2, 3}), torch::randn({5, 2, 4}),
+                torch::randn({5, 2, 4}));
+    cache.free_sequence(freed);
+    const test::PagedCacheState before(cache);
+    // The kept sequence's three keys.
+    const auto written = [&] { return cache.keys(0)[cache.pages(kept)[0]].narrow(1, 0, 3); };
+    const auto keys = written().clone();
+    switch (c.kind) {
+      case Kind::Value:
+        CHECK_THROWS_C10(c.call(cache), c10::ValueError, c.message);
+        break;
+      case Kind::Type:
+        CHECK_THROWS_C10(c.call(cache), c10::TypeError, c.message);
+        break;
+      case Kind::Other:
+        CHECK_THROWS_C10(c.call(cache), c10::Error, c.message);
+        break;
+    }
+    CHECK(test::PagedCacheState(cache) == before);
+    CHECK(torch::equal(written(), keys));
   }
 }

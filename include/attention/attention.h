@@ -12,6 +12,8 @@
 #include <attention/kv_cache.h>
 #include <attention/multi_head_attention.h>
 #include <attention/multi_head_attention_wrapper.h>
+#include <attention/paged_attention.h>
+#include <attention/paged_kv_cache.h>
 #include <attention/rotary.h>
 #include <attention/safetensors.h>
 #include <attention/self_attention.h>

@@ -1,7 +1,9 @@
 #include <attention/functional.h>
+#include <attention/paged_attention.h>
 
 #include "kernels/chunked.h"
 #include "kernels/kernels.h"
+#include "kernels/paged.h"
 #include "kernels/problem.h"
 
 #include <cmath>
@@ -14,6 +16,7 @@ namespace {
 constexpr const char* kSdpa = "attention::functional::scaled_dot_product_attention";
 constexpr const char* kProjected = "attention::functional::projected_attention";
 constexpr const char* kVarlen = "attention::functional::varlen_attention";
+constexpr const char* kPaged = "attention::functional::paged_attention";
 
 thread_local Path last = Path::None;
 
@@ -72,6 +75,30 @@ AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const
   }
   last = kernels::fused_cpu_applies(query) ? Path::ChunkedFused : Path::ChunkedTiles;
   return kernels::chunked(p, query, key, value);
+}
+
+// The keys (or values) of every sequence of a paged problem gathered one after another,
+// (total_k, Hkv, d): the packed keys its problem describes, for the backends that read whole
+// tensors. Keys in pages outside the pool (which no query sees: make_paged_problem checked) read
+// as zeros.
+torch::Tensor gathered(const kernels::Problem& p, const torch::Tensor& pages,
+                       const torch::Tensor& table) {
+  const int64_t num_pages = pages.size(0), page_size = pages.size(2);
+  const kernels::Sequences& sequences = *p.sequences;
+  const int64_t* entries = table.data_ptr<int64_t>();
+  const int64_t ld = table.size(1), zero_row = num_pages * page_size;
+  std::vector<int64_t> rows;
+  rows.reserve(sequences.key_offsets.back());
+  for (int64_t s = 0; s < sequences.count(); ++s) {
+    for (int64_t j = 0; j < sequences.keys(s); ++j) {
+      const int64_t page = entries[s * ld + j / page_size];
+      rows.push_back(page >= 0 && page < num_pages ? page * page_size + j % page_size : zero_row);
+    }
+  }
+  const auto flat = pages.permute({0, 2, 1, 3}).reshape({zero_row, pages.size(1), pages.size(3)});
+  const auto padded =
+      torch::cat({flat, torch::zeros({1, pages.size(1), pages.size(3)}, pages.options())});
+  return padded.index_select(0, torch::tensor(rows, torch::kLong).to(pages.device()));
 }
 
 }  // namespace
@@ -133,6 +160,24 @@ torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor&
   auto keys = x_kv.matmul(W_key);
   auto values = x_kv.matmul(W_value);
   return run(p, queries, keys, values).output;
+}
+
+torch::Tensor paged_attention(const torch::Tensor& query, const torch::Tensor& key_pages,
+                              const torch::Tensor& value_pages, const torch::Tensor& cu_seqlens_q,
+                              const torch::Tensor& key_lengths, const torch::Tensor& page_table,
+                              const ScaledDotProductAttentionOptions& options) {
+  const auto p = kernels::make_paged_problem(query, key_pages, value_pages, cu_seqlens_q,
+                                             key_lengths, page_table, options, kPaged);
+  const auto table = kernels::paged_table(page_table);
+  const bool in_place = (p.backend == Backend::Auto || p.backend == Backend::Chunked) &&
+                        !p.degenerate() && kernels::paged_forward_applies(query);
+  if (in_place) {
+    last = Path::ChunkedFused;
+    return kernels::paged_forward(p, query, key_pages, value_pages, table);
+  }
+  const auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1); };
+  const auto keys = gathered(p, key_pages, table), values = gathered(p, value_pages, table);
+  return run(p, heads_first(query), heads_first(keys), heads_first(values)).output.transpose(0, 1);
 }
 
 }  // namespace functional

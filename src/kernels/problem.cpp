@@ -1,6 +1,7 @@
 #include "kernels/problem.h"
 
 #include "checks.h"
+#include "kernels/paged.h"
 
 #include <torch/torch.h>
 
@@ -348,6 +349,113 @@ Problem make_varlen_problem(const torch::Tensor& query, const torch::Tensor& key
       std::max<int64_t>(1, std::max(sequences->max_queries, sequences->max_keys));
   p.block = std::clamp<int64_t>(options.block_size(), 1, std::min(kMaxBlockSize, longest));
   p.sequences = std::move(sequences);
+  return p;
+}
+
+torch::Tensor paged_table(const torch::Tensor& page_table) {
+  return page_table.to(torch::kCPU, torch::kLong).contiguous();
+}
+
+Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_pages,
+                           const torch::Tensor& value_pages, const torch::Tensor& cu_seqlens_q,
+                           const torch::Tensor& key_lengths, const torch::Tensor& page_table,
+                           const functional::ScaledDotProductAttentionOptions& options,
+                           const char* caller) {
+  const auto& q = query;
+  const auto &k = key_pages, &v = value_pages;
+  TORCH_CHECK_VALUE(q.defined() && k.defined() && v.defined(), caller,
+                    ": expected defined query, key_pages and value_pages tensors");
+  const bool shapes_ok = q.dim() == 3 && k.dim() == 4 && v.dim() == 4 && q.size(2) == k.size(3) &&
+                         k.sizes().slice(0, 3) == v.sizes().slice(0, 3) && k.size(2) > 0 &&
+                         (k.size(1) > 0 ? q.size(1) % k.size(1) == 0 : q.size(1) == 0);
+  TORCH_CHECK_VALUE(shapes_ok, caller,
+                    ": expected query (total_q, H, d), key_pages (num_pages, Hkv, page_size, d) "
+                    "and value_pages (num_pages, Hkv, page_size, dv) with H a multiple of Hkv >= 1 "
+                    "and page_size >= 1, got query ",
+                    shape_str(q.sizes()), ", key_pages ", shape_str(k.sizes()), ", value_pages ",
+                    shape_str(v.sizes()));
+  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), caller,
+                   ": expected query and pages of one dtype, got ", q.scalar_type(), ", ",
+                   k.scalar_type(), ", ", v.scalar_type());
+  check_dtype(q.scalar_type(), q.device(), caller);
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), caller,
+              ": expected query and pages on one device, got ", q.device(), ", ", k.device(), ", ",
+              v.device());
+  TORCH_CHECK_VALUE(!options.attn_mask().defined(), caller,
+                    ": takes no attn_mask (each query sees the keys of its own sequence, through "
+                    "is_causal and the window)");
+  TORCH_CHECK_VALUE(!options.need_weights(), caller,
+                    ": returns no attention weights (need_weights)");
+  TORCH_CHECK_VALUE(options.dropout_p() == 0.0, caller,
+                    ": computes no dropout (it is for inference); got ", options.dropout_p());
+  TORCH_CHECK(!detail::records_grad(q, k, v, options.sinks()), caller,
+              ": is for inference: the pages hold no gradients; call it under "
+              "torch::NoGradGuard");
+  auto queries = read_offsets(cu_seqlens_q, "cu_seqlens_q", q.size(0),
+                              "total_q (the queries' first dimension)", q, caller);
+  const int64_t count = static_cast<int64_t>(queries.size()) - 1;
+  const int64_t num_pages = k.size(0), page_size = k.size(2);
+  for (const auto& [t, name] :
+       {std::pair{&key_lengths, "key_lengths"}, {&page_table, "page_table"}}) {
+    TORCH_CHECK_VALUE(t->defined(), caller, ": expected a defined ", name, " tensor");
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kInt || t->scalar_type() == at::kLong, caller,
+                     ": expected ", name, " of dtype Int or Long, got ", t->scalar_type());
+    TORCH_CHECK(t->device().is_cpu() || t->device() == q.device(), caller, ": expected ", name,
+                " on the CPU or on the queries' device (", q.device(), "), got ", t->device());
+  }
+  TORCH_CHECK_VALUE(key_lengths.dim() == 1 && key_lengths.size(0) == count, caller,
+                    ": expected key_lengths of shape (", count, ",), one per sequence, got ",
+                    shape_str(key_lengths.sizes()));
+  TORCH_CHECK_VALUE(page_table.dim() == 2 && page_table.size(0) == count, caller,
+                    ": expected page_table of shape (", count,
+                    ", max_pages), one row per sequence, got ", shape_str(page_table.sizes()));
+  const int64_t max_pages = page_table.size(1);
+  // max_pages x page_size, saturated: a length is compared with it, never multiplied.
+  int64_t room = 0;
+  if (__builtin_mul_overflow(max_pages, page_size, &room)) {
+    room = std::numeric_limits<int64_t>::max();
+  }
+  const auto lengths_host = key_lengths.to(torch::kCPU, torch::kLong).contiguous();
+  const int64_t* lengths = lengths_host.data_ptr<int64_t>();
+  std::vector<int64_t> keys{0};
+  for (int64_t s = 0; s < count; ++s) {
+    TORCH_CHECK_VALUE(lengths[s] >= 0, caller, ": expected key_lengths >= 0, got ", lengths[s],
+                      " for sequence ", s);
+    TORCH_CHECK_VALUE(lengths[s] <= room, caller, ": expected key_lengths of at most ", room,
+                      " (page_table's ", max_pages, " pages of ", page_size, " tokens), got ",
+                      lengths[s], " for sequence ", s);
+    int64_t end = 0;
+    TORCH_CHECK_VALUE(!__builtin_add_overflow(keys.back(), lengths[s], &end), caller,
+                      ": expected key_lengths whose sum fits in int64, got ", lengths[s],
+                      " for sequence ", s, " after ", keys.back());
+    keys.push_back(end);
+  }
+  // The kernels read the queries as one batch of H heads, and the keys as if gathered one after
+  // another: (Hkv, total_k, d).
+  const c10::SmallVector<int64_t, 3> q_shape{q.size(1), q.size(0), q.size(2)};
+  const c10::SmallVector<int64_t, 3> k_shape{k.size(1), keys.back(), k.size(3)};
+  const c10::SmallVector<int64_t, 3> v_shape{v.size(1), keys.back(), v.size(3)};
+  Problem p = describe({q_shape, k_shape, v_shape}, q, options, false, caller);
+  auto sequences = std::make_shared<const Sequences>(std::move(queries), std::move(keys));
+  const int64_t longest =
+      std::max<int64_t>(1, std::max(sequences->max_queries, sequences->max_keys));
+  p.block = std::clamp<int64_t>(options.block_size(), 1, std::min(kMaxBlockSize, longest));
+  p.sequences = std::move(sequences);
+  // The pages that hold keys some query sees: in the pool. Visible ranges move right with the
+  // query, so the first query's start and the last one's end bound them.
+  const auto table_host = paged_table(page_table);
+  const int64_t* table = table_host.data_ptr<int64_t>();
+  for (int64_t s = 0; s < count; ++s) {
+    const Problem one = p.sequence(s);
+    if (one.t_q == 0 || one.t_k == 0) continue;
+    const int64_t begin = visible_begin(one, 0), end = visible_end(one, one.t_q - 1);
+    for (int64_t j = begin / page_size; end > begin && j < (end + page_size - 1) / page_size; ++j) {
+      const int64_t page = table[s * max_pages + j];
+      TORCH_CHECK_VALUE(page >= 0 && page < num_pages, caller, ": expected page_table[", s, "][", j,
+                        "] (a page holding keys of sequence ", s, " that its queries see) in [0, ",
+                        num_pages, "), got ", page);
+    }
+  }
   return p;
 }
 

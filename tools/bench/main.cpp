@@ -11,6 +11,9 @@
 //                               1024, side by side: B=1, H=8 from T=4096, else B=8, H=12)
 //           varlen             (16 causal sequences of 16 to 2048 tokens: packed in one
 //                               varlen_attention call, one call each, and padded to a batch)
+//           read-rate          (the machine's memory read rate: a 512 MiB buffer summed)
+//           paged-decode       (one sequence's decoding step over a paged cache and over
+//                               contiguous keys, as keys and values read per second)
 
 #include <attention/attention.h>
 
@@ -18,12 +21,15 @@
 #include <fmt/core.h>
 #include <torch/torch.h>
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -505,6 +511,128 @@ void bench_varlen() {
   }
 }
 
+// ---- Serving: the machine's read rate, and decoding steps over a paged cache ----
+
+// A record whose measure is bytes read per second: "gb_per_s" beside the usual fields (whose
+// "gflops" is 0).
+void record_rate(const std::string& group, const std::string& impl, int64_t t, double ms,
+                 double bytes) {
+  fmt::print(
+      "{{\"lang\": \"cpp\", \"group\": \"{}\", \"impl\": \"{}\", \"pass\": \"forward\", "
+      "\"T\": {}, \"ms\": {:.4f}, \"gflops\": 0.00, \"gb_per_s\": {:.2f}, \"bytes\": {:.0f}, "
+      "\"peak_mb\": -1.0, \"threads\": {}, \"allocator\": \"{}\", \"torch\": \"{}\"}}\n",
+      group, impl, t, ms, bytes / ms / 1e6, bytes, at::get_num_threads(), allocator(),
+      TORCH_VERSION);
+  std::fflush(stdout);
+}
+
+// The machine's memory read rate: a 512 MiB float buffer (advised for huge pages) summed by every
+// thread over its share, sixteen independent sums each so that the additions never wait on one
+// another. What a decoding step that reads its cache once can reach at best.
+double read_rate_gb_per_s() {
+  const size_t bytes = settings.quick ? (size_t{16} << 20) : (size_t{512} << 20);
+  const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
+  void* memory = nullptr;
+  if (posix_memalign(&memory, size_t{2} << 20, bytes) != 0) throw std::bad_alloc();
+  std::unique_ptr<float, decltype(&std::free)> buffer(static_cast<float*>(memory), &std::free);
+#ifdef MADV_HUGEPAGE
+  madvise(memory, bytes, MADV_HUGEPAGE);
+#endif
+  std::fill_n(buffer.get(), n, 1.0f);
+  const int64_t threads = at::get_num_threads();
+  std::vector<double> sums(threads);
+  const auto sum = [&] {
+    at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* x = buffer.get() + n / threads * t;
+        const int64_t count = t + 1 == threads ? n - n / threads * t : n / threads;
+        float lanes[16] = {};
+        int64_t i = 0;
+        for (; i + 16 <= count; i += 16) {
+          for (int l = 0; l < 16; ++l) lanes[l] += x[i + l];
+        }
+        double total = 0;
+        for (; i < count; ++i) total += x[i];
+        for (const float l : lanes) total += l;
+        sums[t] = total;
+      }
+    });
+  };
+  progress("read-rate");
+  const double ms = median_ms(sum, settings.repeats * 2);
+  record_rate("read-rate", "cpp.sum_float_buffer", static_cast<int64_t>(bytes >> 20), ms,
+              static_cast<double>(bytes));
+  return static_cast<double>(bytes) / ms / 1e6;
+}
+
+// One sequence's decoding step (32 query heads of 128 features; 8 key/value heads, and 1:
+// multi-query) at positions 4096 to 32768, float32 and bfloat16: the attention core on contiguous
+// keys (Chunked) and through a paged cache's table (pages of 16 tokens in shuffled order), the
+// paged one on every thread (its keys split across them when there are fewer key/value heads than
+// threads) and on one thread; each as the keys and values it reads per second, beside the read
+// rate measured first.
+void bench_paged_decode() {
+  torch::NoGradGuard no_grad;
+  const double rate = read_rate_gb_per_s();
+  std::vector<int64_t> positions = {4096, 16384, 32768};
+  if (settings.quick) positions = {1024};
+  const int64_t heads = 32, d = 128, page = 16;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::string type = dtype == torch::kFloat ? "float32" : "bfloat16";
+    for (const int64_t kv_heads : {8, 1}) {
+      for (const int64_t p : positions) {
+        progress(fmt::format("paged-decode {} kv_heads {} position {}", type, kv_heads, p));
+        torch::manual_seed(0);
+        const auto q = torch::randn({1, heads, 1, d}).to(dtype);
+        const auto k = torch::randn({1, kv_heads, p, d}).to(dtype);
+        const auto v = torch::randn({1, kv_heads, p, d}).to(dtype);
+        const int64_t pages = p / page;
+        std::vector<int64_t> order(pages);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), std::mt19937(7));
+        // Page order[j] holds keys [j * page, (j + 1) * page).
+        const auto index = torch::tensor(order, torch::kLong);
+        const auto paged = [&](const torch::Tensor& t) {
+          auto pool = torch::empty({pages, kv_heads, page, d}, t.options());
+          pool.index_copy_(0, index, t[0].view({kv_heads, pages, page, d}).transpose(0, 1));
+          return pool;
+        };
+        const auto key_pages = paged(k), value_pages = paged(v);
+        const auto table = index.view({1, pages});
+        const auto starts = torch::tensor({int64_t{0}, int64_t{1}});
+        const auto lengths = torch::tensor({p});
+        const auto packed_q = q[0].transpose(0, 1).contiguous();  // (1, H, d)
+        const auto options = F::ScaledDotProductAttentionOptions().is_causal(true);
+        const double bytes = 2.0 * kv_heads * p * d * static_cast<double>(k.element_size());
+        const auto step = [&] {
+          F::paged_attention(packed_q, key_pages, value_pages, starts, lengths, table, options);
+        };
+        const double contiguous = median_ms(
+            [&] {
+              F::scaled_dot_product_attention(
+                  q, k, v, F::ScaledDotProductAttentionOptions(options).backend(Backend::Chunked));
+            },
+            settings.repeats * 4);
+        const double all_threads = median_ms(step, settings.repeats * 4);
+        const int threads = at::get_num_threads();
+        at::set_num_threads(1);
+        const double one_thread = median_ms(step, settings.repeats * 4);
+        at::set_num_threads(threads);
+        const std::string impl = fmt::format("cpp.{}.kv{}", type, kv_heads);
+        record_rate("paged-decode", impl + ".contiguous", p, contiguous, bytes);
+        record_rate("paged-decode", impl + ".paged", p, all_threads, bytes);
+        record_rate("paged-decode", impl + ".paged_one_thread", p, one_thread, bytes);
+        progress(fmt::format(
+            "paged-decode {} kv{} {}: paged / contiguous time = {:.3f} (target <= 1.1); paged "
+            "reads {:.1f} GB/s = {:.2f} of the read rate (target >= 0.7); one thread / all = "
+            "{:.2f}",
+            type, kv_heads, p, all_threads / contiguous, bytes / all_threads / 1e6,
+            bytes / all_threads / 1e6 / rate, one_thread / all_threads));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -522,7 +650,8 @@ int main(int argc, char** argv) {
       fmt::print(
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
-          "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n");
+          "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
+          "        read-rate paged-decode\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -556,6 +685,10 @@ int main(int argc, char** argv) {
       bench_decode();
     } else if (g == "varlen") {
       bench_varlen();
+    } else if (g == "read-rate") {
+      read_rate_gb_per_s();
+    } else if (g == "paged-decode") {
+      bench_paged_decode();
     } else if (g.rfind("long:", 0) == 0) {
       const auto colon = g.find(':', 5);
       bench_long(g.substr(5, colon - 5), std::stoll(g.substr(colon + 1)));

@@ -1,0 +1,216 @@
+#pragma once
+
+/// \file
+/// A key/value cache that many sequences share: a pool of fixed-size pages, a page table per
+/// sequence, pages shared by reference count between forked sequences.
+
+#include <attention/export.h>
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace attention {
+
+/// Options of PagedKVCache.
+struct PagedKVCacheOptions {
+  /// The pool's sizes: `num_pages` pages of `page_size` tokens, each token `num_kv_heads` keys
+  /// and values of `head_dim` features.
+  PagedKVCacheOptions(int64_t num_pages, int64_t page_size, int64_t num_kv_heads, int64_t head_dim)
+      : num_pages_(num_pages),
+        page_size_(page_size),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim) {}
+  /// Pages in the pool: the most tokens held at once, all sequences together, is num_pages *
+  /// page_size.
+  TORCH_ARG(int64_t, num_pages);
+  /// Tokens per page. On the CPU, pages of 64 to 256 tokens keep the kernels' tiles large; a
+  /// sequence wastes at most page_size - 1 slots of its last page.
+  TORCH_ARG(int64_t, page_size);
+  /// Key/value heads of the attention that writes the cache.
+  TORCH_ARG(int64_t, num_kv_heads);
+  /// Features per head (keys and values alike).
+  TORCH_ARG(int64_t, head_dim);
+  /// Layers whose keys and values the cache holds. The page table is shared: a token's slot is the
+  /// same in every layer, so that one extend() per step serves the whole model.
+  TORCH_ARG(int64_t, num_layers) = 1;
+  /// Keys each query sees, itself included (the `sliding_window` of the attention that reads the
+  /// cache, or more): pages whose tokens every later query of their sequence has left behind go
+  /// back to the pool. Unset: sequences keep every page; must be >= 1.
+  TORCH_ARG(c10::optional<int64_t>, sliding_window) = c10::nullopt;
+  /// The keys' and values' dtype: float, double or bfloat16.
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat;
+  /// Where the pool lives.
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
+};
+
+class PagedKVCache;
+
+/// One step of a PagedKVCache: which sequences take part, how many new tokens each brings (its
+/// rows of the packed batch), where those tokens' keys and values go, and every sequence's keys
+/// after the step, as page tables. Made by PagedKVCache::extend(); valid until the cache changes
+/// again (the next extend, add, fork, free or truncate), after which the cache refuses it.
+///
+/// Packed layout: the new tokens of sequences()[i] are rows [query_starts[i],
+/// query_starts[i + 1]) of the step's (total_tokens, ...) tensors; their positions in their
+/// sequence are key_lengths[i] - (query_starts[i + 1] - query_starts[i]) onwards.
+class ATTENTION_API PagedBatch {
+ public:
+  /// An empty batch of no cache.
+  PagedBatch() = default;
+
+  /// The sequences of the step, in the order of the packed rows.
+  const std::vector<int64_t>& sequences() const { return sequences_; }
+  /// Rows of the packed batch, all sequences together.
+  int64_t total_tokens() const { return total_tokens_; }
+  /// (S + 1,) int64 on the CPU: where each sequence's rows begin (FlashAttention's cu_seqlens_q).
+  const torch::Tensor& query_starts() const { return query_starts_; }
+  /// (S,) int64 on the CPU: each sequence's tokens after the step (its keys are positions
+  /// [0, key_lengths[i]); FlashAttention's cache_seqlens once the step's keys are written).
+  const torch::Tensor& key_lengths() const { return key_lengths_; }
+  /// (S, max_pages) int64 on the CPU: the page that holds keys [j * page_size, (j + 1) *
+  /// page_size) of sequence i at (i, j); -1 past its last page and where a sliding window let
+  /// the page go (FlashAttention's block_table).
+  const torch::Tensor& page_table() const { return page_table_; }
+  /// (total_tokens,) int64 on the CPU: each new token's position in its sequence (for rotary
+  /// embeddings and position tables).
+  const torch::Tensor& positions() const { return positions_; }
+
+ private:
+  friend class PagedKVCache;
+  std::vector<int64_t> sequences_;
+  int64_t total_tokens_ = 0;
+  torch::Tensor query_starts_, key_lengths_, page_table_, positions_;
+  std::vector<int64_t> slots_;  // page * page_size + offset of every new token
+  uint64_t version_ = 0;        // the state of the cache it was made in (unique in the process)
+};
+
+/// Keys and values of many sequences in one bounded pool of pages (vLLM's PagedAttention): a
+/// server adds a sequence when a request arrives, extends all running sequences by a different
+/// number of tokens each in one step (a prompt's chunk for some, one decoded token for others),
+/// and frees a sequence when its request ends, its pages going back to the pool at once.
+///
+/// - Memory: 2 x num_layers x num_pages x page_size x num_kv_heads x head_dim elements, allocated
+///   when the cache is made (the system maps it as it is written) and never more.
+/// - Forks: fork_sequence() makes a sequence that shares every page of its parent (parallel
+///   sampling, beam search, a common prompt). Full pages stay shared for good; a partly filled
+///   page is copied when the first of its sharers writes to it.
+/// - Sliding window: with `sliding_window(W)`, a sequence gives back each page once every later
+///   query of it sees none of its keys (all its tokens lie before position length - W + 1).
+/// - Failure: extend() checks every sequence and counts every page first; when the pool cannot
+///   give what a step needs it throws c10::ValueError and the cache is exactly as it was.
+///
+/// A step: extend() reserves slots for the new tokens and returns a PagedBatch; each layer writes
+/// its keys and values with write(), then attends through the batch's page tables
+/// (functional::paged_attention, or MultiHeadAttention::forward_paged, which does both).
+///
+/// Example:
+/// \code
+/// attention::PagedKVCache cache(attention::PagedKVCacheOptions(
+///     /*num_pages=*/64, /*page_size=*/16, /*num_kv_heads=*/2, /*head_dim=*/8));
+/// int64_t a = cache.add_sequence(), b = cache.add_sequence();
+/// attention::PagedBatch step = cache.extend({a, b}, {5, 1});  // a prefills 5 tokens, b 1
+/// cache.write(/*layer=*/0, step, torch::randn({6, 2, 8}), torch::randn({6, 2, 8}));
+/// int64_t c = cache.fork_sequence(a);  // shares a's page until one of them writes to it
+/// cache.free_sequence(b);              // its page goes back to the pool
+/// \endcode
+class ATTENTION_API PagedKVCache {
+ public:
+  /// Allocates the pool (one tensor for every layer's keys and values). Throws c10::ValueError
+  /// unless every size is positive (and the window >= 1) and the pool's size in bytes fits in
+  /// int64; c10::TypeError for a dtype other than float, double or bfloat16.
+  explicit PagedKVCache(const PagedKVCacheOptions& options);
+  /// Not copyable: a copy would write into the same pool.
+  PagedKVCache(const PagedKVCache&) = delete;
+  PagedKVCache& operator=(const PagedKVCache&) = delete;
+  PagedKVCache(PagedKVCache&&) noexcept = default;
+  PagedKVCache& operator=(PagedKVCache&&) noexcept = default;
+
+  /// A new, empty sequence; its id (ids are never reused).
+  int64_t add_sequence();
+  /// A new sequence with the tokens of `parent`, sharing its pages; its id.
+  int64_t fork_sequence(int64_t parent);
+  /// Forgets a sequence; pages no other sequence shares go back to the pool.
+  void free_sequence(int64_t sequence);
+  /// Keeps the first `length` tokens of a sequence (rolling back rejected tokens, or a step that
+  /// failed after extend()). Throws c10::ValueError unless length <= length(sequence) and, with a
+  /// sliding window, the tokens a query at `length` sees are still held.
+  void truncate(int64_t sequence, int64_t length);
+
+  /// Reserves slots for new_tokens[i] more tokens of sequences[i] (all distinct), taking pages
+  /// from the pool (and copying shared pages the step writes to), and returns the step's batch.
+  /// Throws c10::ValueError, leaving the cache unchanged, for an unknown or freed sequence, a
+  /// repeated one, a negative count, or a step that needs more pages than the pool has free.
+  PagedBatch extend(const std::vector<int64_t>& sequences, const std::vector<int64_t>& new_tokens);
+  /// The pages extend() would take from the pool for this step (0 when it fits in held pages),
+  /// with the same checks but nothing changed: for admitting requests while memory lasts; the
+  /// largest int64 for a sequence that asks for more tokens than the whole pool holds.
+  int64_t pages_needed(const std::vector<int64_t>& sequences,
+                       const std::vector<int64_t>& new_tokens) const;
+
+  /// Writes the keys and values (total_tokens, num_kv_heads, head_dim) of `batch`'s new tokens
+  /// into layer `layer`. Throws c10::ValueError for a batch the cache no longer holds (made before
+  /// the cache last changed, or by another cache) and for wrong shapes, c10::TypeError for another
+  /// dtype, c10::Error for another device; nothing is written then.
+  void write(int64_t layer, const PagedBatch& batch, const torch::Tensor& keys,
+             const torch::Tensor& values);
+
+  /// The pool of keys of `layer`, (num_pages, num_kv_heads, page_size, head_dim): page p holds
+  /// its tokens' keys at [p, :, slot, :]. The pool's own memory, not a copy.
+  torch::Tensor keys(int64_t layer) const;
+  /// The pool of values of `layer`, shaped like keys().
+  torch::Tensor values(int64_t layer) const;
+  /// Whether `batch` describes this cache as it is now.
+  bool holds(const PagedBatch& batch) const;
+
+  /// Tokens of a sequence so far (the next token's position).
+  int64_t length(int64_t sequence) const;
+  /// The pages of a sequence, one per page_size tokens, -1 where a sliding window let one go.
+  std::vector<int64_t> pages(int64_t sequence) const;
+  /// The sequences held, in the order they were added.
+  std::vector<int64_t> sequences() const;
+  /// Pages no sequence holds.
+  int64_t free_pages() const;
+  /// How many sequences hold `page` (0 when it is free).
+  int64_t page_references(int64_t page) const;
+  /// The options it was made with.
+  const PagedKVCacheOptions& options() const { return options_; }
+  /// The pool's size in bytes, keys and values of every layer.
+  int64_t memory_bytes() const { return memory_bytes_; }
+
+ private:
+  struct Sequence {
+    int64_t length = 0;
+    std::vector<int64_t> pages;  // -1 where released by the window
+    int64_t released = 0;        // leading pages given back
+  };
+  struct Plan;
+
+  const Sequence& find(int64_t sequence, const char* caller) const;
+  Sequence& find(int64_t sequence, const char* caller);
+  Plan plan(const std::vector<int64_t>& sequences, const std::vector<int64_t>& new_tokens,
+            const char* caller) const;
+  int64_t take_page();
+  void drop_page(int64_t page);
+  void copy_page(int64_t from, int64_t to);
+  void changed();
+  void check_layer(int64_t layer, const char* caller) const;
+
+  PagedKVCacheOptions options_;
+  int64_t memory_bytes_ = 0;
+  torch::Tensor pool_;                     // (2, num_layers, num_pages, num_kv_heads, page_size,
+                                           // head_dim): keys, then values
+  std::map<int64_t, Sequence> sequences_;  // live ones by id (ids grow: the order added)
+  int64_t next_id_ = 0;
+  std::vector<int64_t> references_;  // per page ever used; pages beyond were never taken
+  std::vector<int64_t> free_list_;   // pages given back, taken again first
+  int64_t free_count_ = 0;
+  uint64_t version_ = 0;  // drawn from a process-wide counter at every change
+};
+
+}  // namespace attention

@@ -1,0 +1,424 @@
+// The paged forward on the CPU (kernels/paged.h): keys and values read where they lie in the
+// pages of a cache, through each sequence's page table, never gathered into a copy. A work item
+// is a sequence's key/value head, a block of its query rows (of every query head that shares
+// the key/value head) and a part of the keys they see; each key and value is read once per item,
+// for all of its rows, which is what a decoding step (one query, many keys) is bound by. Each
+// row keeps a running maximum, sum and weighted values: they are the output when the item holds
+// all of the row's keys, and are merged with the other parts' otherwise (split-KV decoding, as
+// FlashDecoding: one sequence's step uses every thread).
+
+#include "kernels/paged.h"
+#include "kernels/cpu/tile.h"
+#include "memory/tile_pool.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace attention {
+namespace kernels {
+namespace {
+
+using torch::Tensor;
+
+thread_local int64_t last_parts = 0;
+
+// Keys per tile of scores.
+constexpr int64_t kPagedKeyTile = 128;
+// Query rows (query heads of a key/value head x queries) per item: a key read once serves them.
+constexpr int64_t kPagedRows = 16;
+// When the split is decided by the threads, a part holds at least this many keys: fewer would
+// cost more in merging than they save.
+constexpr int64_t kMinPartKeys = 256;
+// Parts split the keys on multiples of this many.
+constexpr int64_t kPartGranule = 16;
+
+ATTENTION_ALWAYS_INLINE float widen(float x) {
+  return x;
+}
+ATTENTION_ALWAYS_INLINE double widen(double x) {
+  return x;
+}
+// bfloat16 is the upper half of a float: widening is a shift.
+ATTENTION_ALWAYS_INLINE float widen(c10::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The pages of keys or values: row j of key/value head kv of a sequence is slot j % P of page
+// table[j / P].
+template <typename In>
+struct Pages {
+  const In* data;
+  int64_t page_stride, head_stride, row_stride, page_size;
+  explicit Pages(const Tensor& t)
+      : data(t.data_ptr<In>()),
+        page_stride(t.stride(0)),
+        head_stride(t.stride(1)),
+        row_stride(t.stride(2)),
+        page_size(t.size(2)) {}
+  const In* row(const int64_t* table, int64_t kv, int64_t j) const {
+    return data + table[j / page_size] * page_stride + kv * head_stride +
+           (j % page_size) * row_stride;
+  }
+};
+
+// Rows r of an item are (query head g of the key/value head, query i0 + q), r = g * nq + q.
+struct PagedItem {
+  int64_t sequence, kv, i0, nq;
+  int64_t base;                // the unsplit item this is a part of
+  int64_t part;                // which part of its keys
+  int64_t key_begin, key_end;  // the part's keys, counted in the sequence
+  double cost;
+};
+
+// The online-softmax step of one row on its scores s[0, cols): they become exp(s - new maximum)
+// and join the sum (NaN once a score is NaN or +inf); the accumulated values are rescaled to the
+// new maximum.
+template <typename Acc>
+ATTENTION_ALWAYS_INLINE void online_row(Acc* s, int64_t cols, Acc& max, Acc& sum, Acc* acc,
+                                        int64_t dv) {
+  constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
+  Acc row_max = -kInf;
+  int nan = 0;
+#pragma omp simd reduction(max : row_max) reduction(| : nan)
+  for (int64_t j = 0; j < cols; ++j) {
+    row_max = s[j] > row_max ? s[j] : row_max;
+    nan |= s[j] != s[j];
+  }
+  if (nan || row_max == kInf) sum = std::numeric_limits<Acc>::quiet_NaN();
+  const Acc new_max = row_max > max ? row_max : max;
+  if (new_max == -kInf) {  // nothing seen yet: nothing to add
+    std::fill(s, s + cols, Acc(0));
+    return;
+  }
+  Acc added = 0;
+#pragma omp simd reduction(+ : added)
+  for (int64_t j = 0; j < cols; ++j) {
+    const Acc e = cpu::exp_nonpositive(s[j] - new_max);
+    s[j] = e;
+    added += e;
+  }
+  const Acc correction = cpu::exp_nonpositive(max - new_max);
+  sum = sum * correction + added;
+  max = new_max;
+  if (correction != Acc(1)) {
+#pragma omp simd
+    for (int64_t c = 0; c < dv; ++c) acc[c] *= correction;
+  }
+}
+
+template <typename In, typename Acc>
+class PagedForward {
+ public:
+  PagedForward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+               const Tensor& out, const Tensor& table, int64_t num_splits)
+      : p_(p),
+        q_(q),
+        out_(out),
+        k_(k),
+        v_(v),
+        table_(table.data_ptr<int64_t>()),
+        table_ld_(table.size(1)),
+        num_splits_(num_splits) {
+    if (p.sinks.defined()) {
+      const auto host = p.sinks.detach().to(torch::kCPU, torch::kDouble).contiguous();
+      sinks_.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+    }
+  }
+
+  void run() {
+    make_items();
+    last_parts = parts_;
+    if (items_.empty()) return;
+    partials_.resize(parts_ > 1 ? partial_offset_.back() : 0);
+    cpu::run_dearest_first(
+        items_, [&] { return Buffers(p_, max_rows_); },
+        [&](const PagedItem& item, Buffers& w) { run_item(item, w); });
+    if (parts_ > 1) {
+      at::parallel_for(0, static_cast<int64_t>(bases_.size()), 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) merge(b);
+      });
+    }
+  }
+
+ private:
+  void make_items() {
+    const Sequences& sequences = *p_.sequences;
+    const int64_t nq_max = std::max<int64_t>(1, kPagedRows / p_.g);
+    problems_.reserve(sequences.count());
+    for (int64_t s = 0; s < sequences.count(); ++s) {
+      problems_.push_back(p_.sequence(s));
+      const Problem& one = problems_.back();
+      for (int64_t kv = 0; kv < p_.n; ++kv) {
+        for (int64_t i0 = 0; i0 < one.t_q; i0 += nq_max) {
+          const int64_t nq = std::min(nq_max, one.t_q - i0);
+          const int64_t begin = keys_begin(one, i0);
+          const int64_t end = std::max(begin, keys_end(one, i0, nq));
+          bases_.push_back({s, kv, i0, nq, static_cast<int64_t>(bases_.size()), 0, begin, end, 0});
+          max_rows_ = std::max(max_rows_, p_.g * nq);
+        }
+      }
+    }
+    parts_ = parts_for();
+    partial_offset_.push_back(0);
+    for (const PagedItem& base : bases_) {
+      const int64_t keys = base.key_end - base.key_begin;
+      const int64_t span = (keys + parts_ - 1) / parts_;
+      const int64_t chunk =
+          std::max<int64_t>(kPartGranule, (span + kPartGranule - 1) / kPartGranule * kPartGranule);
+      for (int64_t c = 0; c < parts_; ++c) {
+        PagedItem item = base;
+        item.part = c;
+        item.key_begin = std::min(base.key_end, base.key_begin + c * chunk);
+        item.key_end = std::min(base.key_end, item.key_begin + chunk);
+        item.cost = static_cast<double>(item.key_end - item.key_begin + kPartGranule) *
+                    static_cast<double>(p_.g * item.nq);
+        items_.push_back(item);
+      }
+      partial_offset_.push_back(partial_offset_.back() + parts_ * p_.g * base.nq * (p_.dv + 2));
+    }
+  }
+
+  // Parts per item: as asked, or, when there are fewer items than threads, enough that every
+  // thread has one, keeping at least kMinPartKeys keys in a part of the longest item.
+  int64_t parts_for() const {
+    int64_t longest = 0;
+    for (const PagedItem& b : bases_) longest = std::max(longest, b.key_end - b.key_begin);
+    const int64_t most = std::max<int64_t>(1, (longest + kPartGranule - 1) / kPartGranule);
+    if (num_splits_ > 0) return std::min(num_splits_, most);
+    const int64_t threads = at::get_num_threads();
+    const int64_t bases = static_cast<int64_t>(bases_.size());
+    if (bases == 0 || bases >= threads) return 1;
+    const int64_t wanted = (threads + bases - 1) / bases;
+    return std::clamp<int64_t>(std::min(wanted, longest / kMinPartKeys), 1, most);
+  }
+
+  // One thread's buffers, kept for every item it takes.
+  struct Buffers {
+    cpu::TileLease lease;
+    Acc *acc, *max, *sum, *q, *s;
+    const In** k_ptr;
+    const In** v_ptr;
+    int64_t* lo;
+    int64_t* hi;
+    Buffers(const Problem& p, int64_t rows)
+        : lease(bytes(p, rows)),
+          acc(lease.take<Acc>(rows * p.dv)),
+          max(lease.take<Acc>(rows)),
+          sum(lease.take<Acc>(rows)),
+          q(lease.take<Acc>(rows * p.d)),
+          s(lease.take<Acc>(rows * kPagedKeyTile)),
+          k_ptr(lease.take<const In*>(kPagedKeyTile)),
+          v_ptr(lease.take<const In*>(kPagedKeyTile)),
+          lo(lease.take<int64_t>(rows)),
+          hi(lease.take<int64_t>(rows)) {}
+    static size_t bytes(const Problem& p, int64_t rows) {
+      using L = cpu::TileLease;
+      return L::tile_bytes<Acc>(rows * p.dv) + 2 * L::tile_bytes<Acc>(rows) +
+             L::tile_bytes<Acc>(rows * p.d) + L::tile_bytes<Acc>(rows * kPagedKeyTile) +
+             2 * L::tile_bytes<const In*>(kPagedKeyTile) + 2 * L::tile_bytes<int64_t>(rows);
+    }
+  };
+
+  void run_item(const PagedItem& it, Buffers& w) {
+    const int64_t rows = p_.g * it.nq;
+    std::fill(w.acc, w.acc + rows * p_.dv, Acc(0));
+    std::fill(w.max, w.max + rows, -std::numeric_limits<Acc>::infinity());
+    std::fill(w.sum, w.sum + rows, Acc(0));
+    if (it.key_end > it.key_begin) attend(it, w);
+    if (parts_ == 1) {
+      const int64_t q0 = p_.sequences->query_begin(it.sequence);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t m = it.kv * p_.g + r / it.nq, i = q0 + it.i0 + r % it.nq;
+        write_row(m, i, w.acc + r * p_.dv, w.max[r], w.sum[r]);
+      }
+      return;
+    }
+    // Kept for the merge: the part's rows, each (values..., maximum, sum).
+    Acc* to = partials_.data() + partial_offset_[it.base] + it.part * rows * (p_.dv + 2);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(w.acc + r * p_.dv, w.acc + (r + 1) * p_.dv, to + r * (p_.dv + 2));
+      to[r * (p_.dv + 2) + p_.dv] = w.max[r];
+      to[r * (p_.dv + 2) + p_.dv + 1] = w.sum[r];
+    }
+  }
+
+  // The item's keys, a tile at a time: each key and value read once from its page for all rows.
+  void attend(const PagedItem& it, Buffers& w) const {
+    const Problem& ps = problems_[it.sequence];
+    const int64_t* table = table_ + it.sequence * table_ld_;
+    const int64_t q0 = p_.sequences->query_begin(it.sequence);
+    const int64_t rows = p_.g * it.nq, d = p_.d, dv = p_.dv, ld = kPagedKeyTile;
+    const Acc scale = static_cast<Acc>(p_.scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t m = it.kv * p_.g + r / it.nq, i = q0 + it.i0 + r % it.nq;
+      const Acc* from = q_.row(m, i);
+      for (int64_t c = 0; c < d; ++c) w.q[r * d + c] = from[c] * scale;
+    }
+    const std::vector<int64_t> no_mask;
+    for (int64_t j0 = it.key_begin; j0 < it.key_end; j0 += kPagedKeyTile) {
+      const int64_t cols = std::min(kPagedKeyTile, it.key_end - j0);
+      // Each row's columns: the keys of the tile it sees.
+      int64_t lo = cols, hi = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = it.i0 + r % it.nq;
+        w.lo[r] = std::clamp<int64_t>(visible_begin(ps, i) - j0, 0, cols);
+        w.hi[r] = std::clamp<int64_t>(visible_end(ps, i) - j0, w.lo[r], cols);
+        if (w.hi[r] > w.lo[r]) {
+          lo = std::min(lo, w.lo[r]);
+          hi = std::max(hi, w.hi[r]);
+        }
+      }
+      if (hi <= lo) continue;  // no row sees a key of this tile
+      for (int64_t j = lo; j < hi; ++j) {
+        w.k_ptr[j] = k_.row(table, it.kv, j0 + j);
+        w.v_ptr[j] = v_.row(table, it.kv, j0 + j);
+      }
+      // Scores, key by key for every row (columns a row does not see are never read).
+      for (int64_t j = lo; j < hi; ++j) {
+        const In* key = w.k_ptr[j];
+        for (int64_t r = 0; r < rows; ++r) {
+          const Acc* q = w.q + r * d;
+          Acc dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t c = 0; c < d; ++c) dot += q[c] * widen(key[c]);
+          w.s[r * ld + j] = dot;
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t a = w.lo[r], b = w.hi[r];
+        Acc* s = w.s + r * ld;
+        if (b > a) {
+          const int64_t m = it.kv * p_.g + r / it.nq, i = it.i0 + r % it.nq;
+          if (ps.transforms_scores()) {
+            cpu::prepare_scores<Acc>(ps, no_mask, m, i, 1, j0 + a, b - a, s + a, ld, nullptr);
+          }
+          online_row(s + a, b - a, w.max[r], w.sum[r], w.acc + r * dv, dv);
+        }
+        // Probabilities of the columns the row does not see are 0.
+        std::fill(s + lo, s + a, Acc(0));
+        std::fill(s + std::max(a, b), s + hi, Acc(0));
+      }
+      // The weighted values, value by value for every row.
+      for (int64_t j = lo; j < hi; ++j) {
+        const In* value = w.v_ptr[j];
+        for (int64_t r = 0; r < rows; ++r) {
+          const Acc weight = w.s[r * ld + j];
+          if (weight == Acc(0)) continue;
+          Acc* acc = w.acc + r * dv;
+#pragma omp simd
+          for (int64_t c = 0; c < dv; ++c) acc[c] += weight * widen(value[c]);
+        }
+      }
+    }
+  }
+
+  // A row's output from its state once all of its keys are in: the sink (if any) joins the
+  // normalizer as a key without a value.
+  void write_row(int64_t m, int64_t i, const Acc* acc, Acc max, Acc sum) const {
+    Acc shrink = 1;
+    if (!sinks_.empty()) {
+      // At the larger maximum of the two, the keys' sum and values shrink by exp(max - top).
+      const Acc sink = static_cast<Acc>(sinks_[m % p_.heads]);
+      const Acc top = sum == Acc(0) || sink > max ? sink : max;
+      shrink = sum == Acc(0) ? Acc(0) : cpu::exp_nonpositive(max - top);
+      sum = sum * shrink + cpu::exp_nonpositive(sink - top);
+    }
+    const bool dead = sum == Acc(0);  // NaN sums are not dead: they stay NaN
+    const Acc inverse = dead ? Acc(0) : shrink / sum;
+    Acc* o = out_.row(m, i);
+    for (int64_t c = 0; c < p_.dv; ++c) o[c] = acc[c] * inverse;
+  }
+
+  // The parts of an unsplit item's rows, merged: each part's sum and values rescaled to the
+  // largest maximum of the parts (what their log-sum-exp weighs them by).
+  void merge(int64_t b) const {
+    const PagedItem& it = bases_[b];
+    const int64_t rows = p_.g * it.nq, width = p_.dv + 2;
+    const int64_t q0 = p_.sequences->query_begin(it.sequence);
+    const Acc* parts = partials_.data() + partial_offset_[b];
+    std::vector<Acc> acc(p_.dv);
+    constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
+    for (int64_t r = 0; r < rows; ++r) {
+      Acc max = -kInf;
+      for (int64_t c = 0; c < parts_; ++c) {
+        max = std::max(max, parts[(c * rows + r) * width + p_.dv]);
+      }
+      Acc sum = 0;
+      std::fill(acc.begin(), acc.end(), Acc(0));
+      for (int64_t c = 0; c < parts_; ++c) {
+        const Acc* part = parts + (c * rows + r) * width;
+        const Acc part_max = part[p_.dv], part_sum = part[p_.dv + 1];
+        if (part_sum != part_sum) {  // a NaN score in the part: the row is NaN
+          sum = part_sum;
+          continue;
+        }
+        if (part_max == -kInf) continue;  // the part saw no key
+        const Acc weight = cpu::exp_nonpositive(part_max - max);
+        sum += part_sum * weight;
+        for (int64_t k = 0; k < p_.dv; ++k) acc[k] += part[k] * weight;
+      }
+      const int64_t m = it.kv * p_.g + r / it.nq, i = q0 + it.i0 + r % it.nq;
+      write_row(m, i, acc.data(), max, sum);
+    }
+  }
+
+  const Problem& p_;
+  cpu::Matrices<Acc> q_, out_;
+  Pages<In> k_, v_;
+  const int64_t* table_;
+  int64_t table_ld_;
+  int64_t num_splits_;
+  std::vector<double> sinks_;
+  std::vector<Problem> problems_;
+  std::vector<PagedItem> bases_, items_;
+  std::vector<int64_t> partial_offset_;
+  std::vector<Acc> partials_;
+  int64_t parts_ = 1, max_rows_ = 1;
+};
+
+// Pages whose rows are contiguous, as the kernel reads them (a cache's pools are).
+Tensor rows_in_place(const Tensor& pages) {
+  return pages.stride(3) == 1 ? pages : pages.contiguous();
+}
+
+}  // namespace
+
+int64_t paged_forward_last_parts() {
+  return last_parts;
+}
+
+bool paged_forward_applies(const Tensor& query) {
+  const auto dtype = query.scalar_type();
+  return query.device().is_cpu() &&
+         (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
+}
+
+Tensor paged_forward(const Problem& p, const Tensor& query, const Tensor& key_pages,
+                     const Tensor& value_pages, const Tensor& table, int64_t num_splits) {
+  const auto dtype = query.scalar_type();
+  const auto acc_dtype = dtype == at::kBFloat16 ? at::kFloat : dtype;
+  // The queries in the computing dtype, (total_q, H, d) contiguous; read as (H, total_q, d).
+  const Tensor q = cpu::converted(query, acc_dtype).contiguous();
+  const Tensor out = torch::empty({query.size(0), query.size(1), p.dv}, q.options());
+  const Tensor k = rows_in_place(key_pages), v = rows_in_place(value_pages);
+  const Tensor q_heads = q.transpose(0, 1), out_heads = out.transpose(0, 1);
+  if (dtype == at::kBFloat16) {
+    PagedForward<c10::BFloat16, float>(p, q_heads, k, v, out_heads, table, num_splits).run();
+  } else if (dtype == at::kFloat) {
+    PagedForward<float, float>(p, q_heads, k, v, out_heads, table, num_splits).run();
+  } else {
+    PagedForward<double, double>(p, q_heads, k, v, out_heads, table, num_splits).run();
+  }
+  return acc_dtype == dtype ? out : out.to(dtype);
+}
+
+}  // namespace kernels
+}  // namespace attention

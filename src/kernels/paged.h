@@ -1,0 +1,52 @@
+#pragma once
+
+// Attention over keys and values kept in the pages of a cache (functional::paged_attention):
+// the validated problem, and the fused CPU kernel that reads the pages in place.
+
+#include "kernels/problem.h"
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace attention {
+namespace kernels {
+
+/// The problem of paged attention: query (total_q, H, d), key_pages (num_pages, Hkv, P, d),
+/// value_pages (num_pages, Hkv, P, dv), cu_seqlens_q (S + 1 offsets, as read_offsets), key_lengths
+/// (S,) and page_table (S, max_pages), both int32 or int64 on the CPU or the queries' device.
+/// Described as a packed problem (make_varlen_problem's) whose key offsets are the running sum of
+/// key_lengths: the keys of every sequence gathered one after another, (total_k, Hkv, d), would be
+/// its packed keys. Checks that key_lengths[s] <= max_pages x P and that every page holding a key
+/// some query of sequence s sees is in [0, num_pages) (others, such as pages a sliding window let
+/// go, may hold anything). Refuses attn_mask, need_weights, dropout and gradients by name.
+Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_pages,
+                           const torch::Tensor& value_pages, const torch::Tensor& cu_seqlens_q,
+                           const torch::Tensor& key_lengths, const torch::Tensor& page_table,
+                           const functional::ScaledDotProductAttentionOptions& options,
+                           const char* caller);
+
+/// The page table of a problem made by make_paged_problem, (S, max_pages) int64 on the CPU,
+/// contiguous: what make_paged_problem read and checked.
+torch::Tensor paged_table(const torch::Tensor& page_table);
+
+/// Whether paged_forward() takes these queries: on the CPU, float, double or bfloat16.
+bool paged_forward_applies(const torch::Tensor& query);
+
+/// The forward of a paged problem on the CPU, reading keys and values where they lie in their
+/// pages. Work items are (sequence, key/value head, block of query rows, part of the keys); when
+/// there are fewer (sequence, key/value head, block) items than threads, each one's keys are split
+/// into parts computed on different threads and merged through their running maximum and sum
+/// (their log-sum-exp). `num_splits` 0 decides by the threads and the work; n > 0 asks for n parts
+/// (at most one per 16 keys of the longest item), for tests. Returns (total_q, H, dv) in the
+/// queries' dtype.
+torch::Tensor paged_forward(const Problem& p, const torch::Tensor& query,
+                            const torch::Tensor& key_pages, const torch::Tensor& value_pages,
+                            const torch::Tensor& table, int64_t num_splits = 0);
+
+/// How many parts the calling thread's last paged_forward() split each item's keys into (1: no
+/// split; 0: no call yet). For tests and diagnostics.
+int64_t paged_forward_last_parts();
+
+}  // namespace kernels
+}  // namespace attention

@@ -1,0 +1,197 @@
+// Attention over the pages of a cache: functional::paged_attention against each sequence alone
+// (scaled_dot_product_attention on Math), for mixed batches of prefilling and decoding sequences,
+// with the keys split across threads or not.
+
+#include <attention/functional.h>
+#include <attention/paged_attention.h>
+#include <attention/paged_kv_cache.h>
+
+#include "helpers.h"
+#include "kernels/paged.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+namespace {
+
+namespace F = attention::functional;
+using O = F::ScaledDotProductAttentionOptions;
+
+// Sequences of Tq_i queries against Tk_i keys, the keys in pages of a pool in shuffled order.
+struct PagedCase {
+  torch::Tensor query, key_pages, value_pages, cu_seqlens_q, key_lengths, page_table;
+  std::vector<torch::Tensor> keys, values;  // each sequence's (Hkv, Tk_i, d), for the reference
+};
+
+PagedCase make_paged_case(const std::vector<int64_t>& t_q, const std::vector<int64_t>& t_k,
+                          int64_t heads, int64_t kv_heads, int64_t d, int64_t page_size,
+                          torch::Dtype dtype, uint32_t seed) {
+  torch::manual_seed(seed);
+  PagedCase c;
+  const int64_t count = static_cast<int64_t>(t_q.size());
+  int64_t pages = 0, widest = 0;
+  for (const int64_t n : t_k) {
+    pages += (n + page_size - 1) / page_size;
+    widest = std::max(widest, (n + page_size - 1) / page_size);
+  }
+  std::vector<int64_t> order(pages + 3);  // a few pages no sequence holds
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+  c.key_pages = torch::randn({pages + 3, kv_heads, page_size, d}).to(dtype);
+  c.value_pages = torch::randn({pages + 3, kv_heads, page_size, d}).to(dtype);
+  c.page_table = torch::full({count, widest}, -1, torch::kLong);
+  std::vector<int64_t> starts{0};
+  int64_t next = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    std::vector<torch::Tensor> k_rows, v_rows;
+    for (int64_t j = 0; j < t_k[s]; j += page_size) {
+      const int64_t page = order[next++];
+      c.page_table[s][j / page_size] = page;
+      const int64_t n = std::min(page_size, t_k[s] - j);
+      k_rows.push_back(c.key_pages[page].narrow(1, 0, n));
+      v_rows.push_back(c.value_pages[page].narrow(1, 0, n));
+    }
+    c.keys.push_back(t_k[s] ? torch::cat(k_rows, 1) : torch::empty({kv_heads, 0, d}, dtype));
+    c.values.push_back(t_k[s] ? torch::cat(v_rows, 1) : torch::empty({kv_heads, 0, d}, dtype));
+    starts.push_back(starts.back() + t_q[s]);
+  }
+  c.query = torch::randn({starts.back(), heads, d}).to(dtype);
+  c.cu_seqlens_q = torch::tensor(starts, torch::kLong);
+  c.key_lengths = torch::tensor(t_k, torch::kLong);
+  return c;
+}
+
+// Each sequence alone through scaled_dot_product_attention on Math, in float64: (total_q, H, d).
+torch::Tensor paged_reference(const PagedCase& c, const O& options) {
+  std::vector<torch::Tensor> parts;
+  const auto starts = c.cu_seqlens_q;
+  for (size_t s = 0; s < c.keys.size(); ++s) {
+    const int64_t begin = starts[s].item<int64_t>(), n = starts[s + 1].item<int64_t>() - begin;
+    if (n == 0) continue;
+    const auto q = c.query.narrow(0, begin, n).transpose(0, 1).to(torch::kDouble);
+    auto o = O(options).backend(F::Backend::Math);
+    if (o.sinks().defined()) o.sinks(o.sinks().to(torch::kDouble));
+    if (o.alibi_slopes().defined()) o.alibi_slopes(o.alibi_slopes().to(torch::kDouble));
+    parts.push_back(F::scaled_dot_product_attention(q, c.keys[s].to(torch::kDouble),
+                                                    c.values[s].to(torch::kDouble), o)
+                        .output.transpose(0, 1));
+  }
+  return torch::cat(parts, 0);
+}
+
+torch::Tensor paged(const PagedCase& c, const O& options) {
+  return F::paged_attention(c.query, c.key_pages, c.value_pages, c.cu_seqlens_q, c.key_lengths,
+                            c.page_table, options);
+}
+
+// The fused kernel with its keys split in `splits` parts (0: as the threads decide).
+torch::Tensor paged_split(const PagedCase& c, const O& options, int64_t splits) {
+  namespace K = attention::kernels;
+  const auto p = K::make_paged_problem(c.query, c.key_pages, c.value_pages, c.cu_seqlens_q,
+                                       c.key_lengths, c.page_table, options, "test");
+  return K::paged_forward(p, c.query, c.key_pages, c.value_pages, K::paged_table(c.page_table),
+                          splits);
+}
+
+}  // namespace
+
+TEST_CASE("paged_attention: a mixed batch equals each sequence alone, in place, split or not",
+          "[paged]") {
+  torch::NoGradGuard no_grad;
+  // Decoding (1 query), short and long prompt chunks, a sequence with no query, one with no key.
+  const std::vector<int64_t> t_q = {1, 40, 0, 3, 1, 300, 2};
+  const std::vector<int64_t> t_k = {700, 40, 9, 50, 1, 1000, 0};
+  for (const int64_t kv_heads : {4, 2, 1}) {
+    for (const int64_t page_size : {16, 7}) {
+      const auto c = make_paged_case(t_q, t_k, 4, kv_heads, 32, page_size, torch::kFloat, 11);
+      for (const bool causal : {true, false}) {
+        const auto expected = paged_reference(c, O().is_causal(causal));
+        INFO("kv heads " << kv_heads << ", page size " << page_size << ", causal " << causal);
+        const auto out = paged(c, O().is_causal(causal));
+        CHECK(F::last_path() == F::Path::ChunkedFused);
+        CHECK(out.sizes() == c.query.sizes());
+        CHECK(test::max_abs_diff(out, expected) < 2e-5);
+        for (const int64_t splits : {1, 3}) {
+          INFO("splits " << splits);
+          CHECK(test::max_abs_diff(paged_split(c, O().is_causal(causal), splits), expected) < 2e-5);
+          CHECK(attention::kernels::paged_forward_last_parts() == splits);
+        }
+        // The reference path gathers the pages and computes on whole matrices.
+        CHECK(test::max_abs_diff(paged(c, O().is_causal(causal).backend(F::Backend::Math)),
+                                 expected) < 2e-5);
+        CHECK(F::last_path() == F::Path::Math);
+      }
+    }
+  }
+}
+
+TEST_CASE("paged_attention: every option holds per sequence", "[paged]") {
+  torch::NoGradGuard no_grad;
+  const std::vector<int64_t> t_q = {1, 30, 2, 70};
+  const std::vector<int64_t> t_k = {300, 30, 41, 400};
+  const auto c = make_paged_case(t_q, t_k, 6, 2, 16, 16, torch::kDouble, 12);
+  const auto sinks = torch::randn({6}, torch::kDouble);
+  const std::vector<std::pair<std::string, O>> variants = {
+      {"window", O().is_causal(true).window_left(20)},
+      {"window, not causal", O().window_left(9).window_right(3)},
+      {"alibi", O().is_causal(true).alibi_slopes(F::alibi_slopes(6))},
+      {"softcap", O().is_causal(true).softcap(1.5)},
+      {"sinks", O().is_causal(true).sinks(sinks)},
+      {"top-left", O().is_causal(true).causal_alignment(F::CausalAlignment::TopLeft)},
+      {"scale", O().scale(0.7)},
+      {"all", O().is_causal(true).window_left(33).softcap(3.0).sinks(sinks).alibi_slopes(
+                  F::alibi_slopes(6))},
+  };
+  for (const auto& [name, options] : variants) {
+    const auto expected = paged_reference(c, options);
+    for (const int64_t splits : {1, 4}) {
+      INFO(name << ", splits " << splits);
+      CHECK(test::max_abs_diff(paged_split(c, options, splits), expected) < 1e-10);
+    }
+    INFO(name << ", Math");
+    CHECK(test::max_abs_diff(paged(c, O(options).backend(F::Backend::Math)), expected) < 1e-10);
+  }
+}
+
+TEST_CASE("paged_attention: bfloat16 pages are read as they are", "[paged]") {
+  torch::NoGradGuard no_grad;
+  const auto c = make_paged_case({1, 1, 17}, {900, 33, 200}, 8, 2, 64, 32, torch::kBFloat16, 13);
+  const auto expected = paged_reference(c, O().is_causal(true));
+  for (const int64_t splits : {1, 3}) {
+    const auto out = paged_split(c, O().is_causal(true), splits);
+    CHECK(out.scalar_type() == torch::kBFloat16);
+    CHECK(test::max_abs_diff(out, expected) < 1e-2);
+  }
+}
+
+TEST_CASE("paged_attention: one sequence's decoding is split across two threads", "[paged]") {
+  torch::NoGradGuard no_grad;
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const auto c = make_paged_case({1}, {5000}, 8, 1, 64, 64, torch::kFloat, 14);
+  const auto out = paged(c, O().is_causal(true));
+  CHECK(attention::kernels::paged_forward_last_parts() == 2);
+  CHECK(test::max_abs_diff(out, paged_reference(c, O().is_causal(true))) < 2e-5);
+  at::set_num_threads(threads);
+}
+
+TEST_CASE("paged_attention: the contract's classes", "[paged]") {
+  torch::NoGradGuard no_grad;
+  auto c = make_paged_case({2, 1}, {400, 300}, 2, 2, 8, 16, torch::kFloat, 15);
+  // A NaN key that the first sequence's queries see: their rows are NaN, the other sequence's not.
+  const int64_t page = c.page_table[0][10].item<int64_t>();
+  c.key_pages[page][1][3][0] = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t splits : {1, 5}) {
+    const auto out = paged_split(c, O().is_causal(true), splits);
+    CHECK(torch::isnan(out.narrow(0, 0, 2).select(1, 1)).all().item<bool>());
+    CHECK(torch::isfinite(out.narrow(0, 0, 2).select(1, 0)).all().item<bool>());
+    CHECK(torch::isfinite(out.narrow(0, 2, 1)).all().item<bool>());
+  }
+  // Queries of a sequence without keys see nothing: zeros.
+  const auto none = make_paged_case({3}, {0}, 2, 1, 8, 4, torch::kFloat, 16);
+  CHECK(paged(none, O().is_causal(true)).abs().max().item<float>() == 0.0f);
+}
