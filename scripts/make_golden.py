@@ -329,13 +329,14 @@ def varlen_cases(cases, add, mha):
 
 
 def paged_cases(cases, add, mha):
-    """Sequences sharing a PagedKVCache (functional::paged_attention over its pages):
+    """Sequences sharing a PagedKVCache (MultiHeadAttention::forward_paged over its pages):
     forward["paged"] holds page_size, num_pages, window (the cache's), steps (each a list of
     [sequence, new tokens]: some sequences take a chunk of their prompt, others one token, in one
     packed step) and forks ([step, parent, child]: before that step the child starts as a copy of
     the parent, sharing its pages). Python runs the book's module on each sequence alone; the
     output is (S, T, d_out), zeros past a sequence's length, and a fork's tokens before it forked
-    are its parent's. The C++ harness runs the steps through the cache. Seeds of their own."""
+    are its parent's. The C++ harness runs the steps through the cache, one forward_paged call
+    each. Seeds of their own."""
     def paged(name, args, shape, steps, page_size, num_pages, dtype="float32", forks=(),
               window=None, backend="auto", path="chunked_fused"):
         spec = dict(page_size=page_size, num_pages=num_pages, steps=steps,

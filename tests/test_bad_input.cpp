@@ -909,7 +909,7 @@ std::vector<PagedBadInput> paged_cases() {
        Kind::Value,
        std::string(kPaged) + "expected key_lengths of shape (1,), one per sequence, got (2,)"},
       {"paged_attention: float lengths", paged(q, one, torch::tensor({3.0}), table), Kind::Type,
-       std::string(kPaged) + "expected key_lengths of dtype Int or Long, got Double"},
+       std::string(kPaged) + "expected key_lengths of dtype Int or Long, got Float"},
       {"paged_attention: table rows", paged(q, one, lengths, torch::tensor({{0}, {1}})),
        Kind::Value,
        std::string(kPaged) +
@@ -942,12 +942,46 @@ std::vector<PagedBadInput> paged_cases() {
        Kind::Value, std::string(kPaged) + "expected cu_seqlens_q to start at 0, got 1"},
       {"paged_attention: table on another device",
        paged(q, one, lengths,
-             torch::empty({1, 1}, torch::TensorOptions(torch::kMeta).dtype(torch::kLong))),
+             torch::empty({1, 1}, torch::dtype(torch::kLong).device(torch::kMeta))),
        Kind::Other,
        std::string(kPaged) +
            "expected page_table on the CPU or on the queries' device (cpu), got meta"},
+      {"forward_paged: x shape",
+       [](Cache c) {
+         attention::MultiHeadAttention m(MultiHeadAttentionOptions(8, 8, 2));
+         m->forward_paged(torch::randn({2, 8}), c, c.extend({}, {}));
+       },
+       Kind::Value,
+       "attention::MultiHeadAttention::forward_paged: expected x (0, 8), the batch's new tokens "
+       "packed, got (2, 8)"},
+      {"forward_paged: stale batch",
+       [](Cache c) {
+         attention::MultiHeadAttention m(MultiHeadAttentionOptions(8, 8, 2));
+         const auto stale = c.extend({}, {});
+         c.extend({}, {});
+         m->forward_paged(torch::randn({0, 8}), c, stale);
+       },
+       Kind::Value,
+       "attention::MultiHeadAttention::forward_paged: the batch does not describe the cache as it "
+       "is now"},
+      {"forward_paged: cache of other heads",
+       [](Cache c) {
+         attention::MultiHeadAttention m(MultiHeadAttentionOptions(8, 8, 1));
+         m->forward_paged(torch::randn({0, 8}), c, c.extend({}, {}));
+       },
+       Kind::Value,
+       "attention::MultiHeadAttention::forward_paged: expected a cache of num_kv_heads = 1 and "
+       "head_dim = 8 (the module's), got 2 and 4"},
+      {"forward_paged: gradients",
+       [](Cache c) {
+         attention::MultiHeadAttention m(MultiHeadAttentionOptions(8, 8, 2));
+         m->forward_paged(torch::randn({0, 8}), c, c.extend({}, {}));
+       },
+       Kind::Other,
+       "attention::MultiHeadAttention::forward_paged: is for inference: the cache holds no "
+       "gradients; call it under torch::NoGradGuard"},
       {"paged_attention: float table", paged(q, one, lengths, torch::tensor({{0.0}})), Kind::Type,
-       std::string(kPaged) + "expected page_table of dtype Int or Long, got Double"},
+       std::string(kPaged) + "expected page_table of dtype Int or Long, got Float"},
       {"paged_attention: dtype", paged(q.to(torch::kDouble), one, lengths, table), Kind::Type,
        std::string(kPaged) + "expected query and pages of one dtype, got Double, Float, Float"},
       {"paged_attention: mask",

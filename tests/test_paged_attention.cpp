@@ -1,8 +1,10 @@
 // Attention over the pages of a cache: functional::paged_attention against each sequence alone
 // (scaled_dot_product_attention on Math), for mixed batches of prefilling and decoding sequences,
-// with the keys split across threads or not.
+// with the keys split across threads or not; MultiHeadAttention::forward_paged against forward()
+// on each sequence alone.
 
 #include <attention/functional.h>
+#include <attention/multi_head_attention.h>
 #include <attention/paged_attention.h>
 #include <attention/paged_kv_cache.h>
 
@@ -194,4 +196,61 @@ TEST_CASE("paged_attention: the contract's classes", "[paged]") {
   // Queries of a sequence without keys see nothing: zeros.
   const auto none = make_paged_case({3}, {0}, 2, 1, 8, 4, torch::kFloat, 16);
   CHECK(paged(none, O().is_causal(true)).abs().max().item<float>() == 0.0f);
+}
+
+TEST_CASE("forward_paged: each sequence gets what forward() gives it with a KVCache", "[paged]") {
+  torch::NoGradGuard no_grad;
+  using attention::MultiHeadAttentionOptions;
+  const std::vector<std::pair<std::string, MultiHeadAttentionOptions>> modules = {
+      {"mha", MultiHeadAttentionOptions(16, 32, 4)},
+      {"gqa, rope", MultiHeadAttentionOptions(16, 32, 4).num_kv_heads(2).rope(
+                        F::RotaryOptions().theta(10000.0))},
+      {"mqa, window, alibi, sinks",
+       MultiHeadAttentionOptions(16, 32, 4).num_kv_heads(1).sliding_window(6).alibi(true).sinks(
+           true)},
+  };
+  for (const auto& [name, options] : modules) {
+    INFO(name);
+    torch::manual_seed(17);
+    attention::MultiHeadAttention mha(options);
+    const std::vector<int64_t> lengths = {23, 5, 40};
+    auto cache_options =
+        attention::PagedKVCacheOptions(64, 4, mha->options.num_kv_heads(), mha->head_dim());
+    if (options.sliding_window()) cache_options.sliding_window(*options.sliding_window());
+    attention::PagedKVCache cache(cache_options);
+    std::vector<torch::Tensor> x, outputs(3);
+    std::vector<int64_t> ids, done(3, 0);
+    for (const int64_t n : lengths) {
+      x.push_back(torch::randn({n, 16}));
+      ids.push_back(cache.add_sequence());
+    }
+    // Steps of chunks and single tokens until every sequence is through.
+    const std::vector<int64_t> chunks = {7, 1, 1, 9, 1, 3};
+    std::vector<std::vector<torch::Tensor>> pieces(3);
+    for (size_t step = 0; done != lengths; ++step) {
+      std::vector<int64_t> sequences, counts;
+      std::vector<torch::Tensor> rows;
+      for (int64_t s = 0; s < 3; ++s) {
+        const int64_t n = std::min(chunks[(step + s) % chunks.size()], lengths[s] - done[s]);
+        if (n == 0) continue;
+        sequences.push_back(ids[s]);
+        counts.push_back(n);
+        rows.push_back(x[s].narrow(0, done[s], n));
+      }
+      const auto batch = cache.extend(sequences, counts);
+      const auto y = mha->forward_paged(torch::cat(rows), cache, batch);
+      CHECK(F::last_path() == F::Path::ChunkedFused);
+      int64_t row = 0;
+      for (size_t b = 0; b < sequences.size(); ++b) {
+        const int64_t s = std::find(ids.begin(), ids.end(), sequences[b]) - ids.begin();
+        pieces[s].push_back(y.narrow(0, row, counts[b]));
+        row += counts[b];
+        done[s] += counts[b];
+      }
+    }
+    for (int64_t s = 0; s < 3; ++s) {
+      INFO("sequence " << s);
+      CHECK(test::max_abs_diff(torch::cat(pieces[s]), mha(x[s]).output) < 2e-5);
+    }
+  }
 }

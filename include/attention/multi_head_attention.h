@@ -6,6 +6,7 @@
 #include <attention/export.h>
 #include <attention/functional.h>
 #include <attention/kv_cache.h>
+#include <attention/paged_kv_cache.h>
 #include <attention/rotary.h>
 #include <attention/sliding_kv_cache.h>
 #include <attention/weights.h>
@@ -163,6 +164,33 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   /// was given), c10::TypeError for wrong dtypes, c10::Error for another device.
   functional::AttentionOutput forward(const torch::Tensor& x,
                                       const MultiHeadAttentionForwardOptions& options = {});
+
+  /// Serving: one step of many sequences against a PagedKVCache. `x` (total_tokens, d_in) holds
+  /// the step's new tokens of every sequence of `batch`, packed as PagedKVCache::extend() made it
+  /// (a prompt's chunk for some, one token for others); their keys and values go into layer
+  /// `layer` of the cache, and each sequence's queries attend to its own keys through the pages
+  /// (functional::paged_attention), rotary embeddings at each token's position in its sequence.
+  /// Returns (total_tokens, d_out): for each sequence what forward() gives for its tokens with a
+  /// KVCache. Self-attention, inference only (call it under torch::NoGradGuard); the cache's
+  /// num_kv_heads, head_dim and dtype must be the module's, and a cache with a sliding window needs
+  /// a module window no wider. Throws c10::ValueError for a batch the cache no longer holds, x of
+  /// another shape, or a cache that does not fit the module, before anything is written.
+  ///
+  /// Example:
+  /// \code
+  /// torch::NoGradGuard no_grad;
+  /// attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(64, 64, 4));
+  /// attention::PagedKVCache cache(attention::PagedKVCacheOptions(
+  ///     /*num_pages=*/32, /*page_size=*/16, /*num_kv_heads=*/4, /*head_dim=*/16));
+  /// int64_t a = cache.add_sequence(), b = cache.add_sequence();
+  /// auto step = cache.extend({a, b}, {7, 3});  // two prompts of 7 and 3 tokens
+  /// torch::Tensor y = mha->forward_paged(torch::randn({10, 64}), cache, step);  // (10, 64)
+  /// step = cache.extend({a, b}, {1, 1});  // then one token each
+  /// y = mha->forward_paged(torch::randn({2, 64}), cache, step);
+  /// \endcode
+  torch::Tensor forward_paged(const torch::Tensor& x, PagedKVCache& cache, const PagedBatch& batch,
+                              int64_t layer = 0,
+                              functional::Backend backend = functional::Backend::Auto);
 
   /// `mask`: the book's causal-mask buffer, which this module derives.
   std::vector<std::string> derived_buffer_names() const override { return {"mask"}; }

@@ -1,4 +1,5 @@
 #include <attention/multi_head_attention.h>
+#include <attention/paged_attention.h>
 
 #include "functional/rotary_cache.h"
 #include "modules/projection.h"
@@ -238,6 +239,91 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   }
   rollback.keep();
   return {output, weights};
+}
+
+torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, PagedKVCache& cache,
+                                                    const PagedBatch& batch, int64_t layer,
+                                                    functional::Backend backend) {
+  constexpr const char* kForwardPaged = "attention::MultiHeadAttention::forward_paged";
+  using detail::shape_str;
+  const auto& weight = W_query->weight;
+  detail::check_module_input(x, options.d_in(), weight, kForwardPaged, "input");
+  const int64_t total = batch.total_tokens(), H = options.num_heads();
+  const int64_t H_kv = options.num_kv_heads(), hd = head_dim();
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(0) == total, kForwardPaged, ": expected x (", total,
+                    ", ", options.d_in(), "), the batch's new tokens packed, got ",
+                    shape_str(x.sizes()));
+  TORCH_CHECK_VALUE(options.d_in_kv() == options.d_in(), kForwardPaged,
+                    ": is self-attention: expected d_in_kv = d_in = ", options.d_in(), ", got ",
+                    options.d_in_kv());
+  TORCH_CHECK_VALUE(cache.holds(batch), kForwardPaged,
+                    ": the batch does not describe the cache as it is now (it was made before the "
+                    "cache last changed, or by another cache): extend() again");
+  const auto& c = cache.options();
+  TORCH_CHECK_VALUE(c.num_kv_heads() == H_kv && c.head_dim() == hd, kForwardPaged,
+                    ": expected a cache of num_kv_heads = ", H_kv, " and head_dim = ", hd,
+                    " (the module's), got ", c.num_kv_heads(), " and ", c.head_dim());
+  TORCH_CHECK_TYPE(c.dtype() == weight.scalar_type(), kForwardPaged, ": expected a cache of dtype ",
+                   weight.scalar_type(), " (the module's), got ", c.dtype());
+  TORCH_CHECK_VALUE(layer >= 0 && layer < c.num_layers(), kForwardPaged,
+                    ": expected a layer in [0, ", c.num_layers(), "), got ", layer);
+  // A cache that lets pages go must not drop keys this module's queries still see.
+  TORCH_CHECK_VALUE(
+      !c.sliding_window() ||
+          (options.sliding_window() && *options.sliding_window() <= *c.sliding_window()),
+      kForwardPaged, ": a cache with sliding_window = ", c.sliding_window().value_or(0),
+      " needs a module whose sliding_window is at most that, got ",
+      options.sliding_window() ? std::to_string(*options.sliding_window()) : "none");
+  const bool placed = options.causal() || options.sliding_window() || options.alibi();
+  TORCH_CHECK_VALUE(
+      !placed || options.causal_alignment() == functional::CausalAlignment::BottomRight,
+      kForwardPaged,
+      ": needs causal_alignment BottomRight (the new tokens follow the cached ones), "
+      "got TopLeft");
+  const auto lengths = batch.key_lengths();
+  const int64_t longest = lengths.numel() > 0 ? lengths.max().item<int64_t>() : 0;
+  TORCH_CHECK_VALUE(options.context_length() == 0 || longest <= options.context_length(),
+                    kForwardPaged, ": expected at most context_length = ", options.context_length(),
+                    " keys, got ", longest);
+  TORCH_CHECK(!detail::records_grad(x) && !(c10::GradMode::is_enabled() && weight.requires_grad()),
+              kForwardPaged,
+              ": is for inference: the cache holds no gradients; call it under "
+              "torch::NoGradGuard");
+
+  const auto [q, k, v] =
+      detail::project_qkv(W_query, W_key, W_value, x.unsqueeze(0), x.unsqueeze(0), &workspace_);
+  // (H, total, hd) views: each head's tokens, as the rotation and the attention take them.
+  auto queries = q.view({total, H, hd}).transpose(0, 1);
+  auto keys = k.view({total, H_kv, hd}).transpose(0, 1);
+  const auto values = v.view({total, H_kv, hd});
+  if (rotary_ && total > 0) {
+    // Each token at its position in its own sequence.
+    const auto& positions = batch.positions();
+    const int64_t last = positions.max().item<int64_t>();
+    const auto dtype = queries.scalar_type();
+    torch::Tensor cos, sin;
+    if (last < detail::RotaryCache::kMaxCachedPositions) {
+      std::tie(cos, sin) = rotary_->rows(0, last + 1, dtype, queries.device());
+      const auto index = positions.to(queries.device());
+      cos = cos.index_select(0, index);
+      sin = sin.index_select(0, index);
+    } else {
+      std::tie(cos, sin) = functional::rotary_tables(positions, rotary_->options(), dtype);
+      cos = cos.to(queries.device());
+      sin = sin.to(queries.device());
+    }
+    queries = detail::rotate(queries, cos, sin, rotary_->options().layout());
+    keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
+  }
+  cache.write(layer, batch, keys.transpose(0, 1), values);
+  const auto attended =
+      functional::paged_attention(queries.transpose(0, 1), cache.keys(layer), cache.values(layer),
+                                  batch.query_starts(), batch.key_lengths(), batch.page_table(),
+                                  variants(functional::ScaledDotProductAttentionOptions()
+                                               .is_causal(options.causal())
+                                               .backend(backend)));
+  const auto context_vec = attended.reshape({total, options.d_out()});
+  return out_proj ? detail::project(out_proj, context_vec.unsqueeze(0)).squeeze(0) : context_vec;
 }
 
 }  // namespace attention

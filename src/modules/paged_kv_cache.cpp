@@ -1,6 +1,7 @@
 #include <attention/paged_kv_cache.h>
 
 #include "checks.h"
+#include "modules/shared.h"
 
 #include <torch/torch.h>
 
@@ -63,7 +64,7 @@ PagedKVCache::PagedKVCache(const PagedKVCacheOptions& options)
                                     {o.num_kv_heads(), "num_kv_heads"},
                                     {o.head_dim(), "head_dim"},
                                     {o.num_layers(), "num_layers"}}) {
-    TORCH_CHECK_VALUE(value > 0, kName, ": expected ", name, " > 0, got ", value);
+    detail::check_positive(value, name, kName);
   }
   TORCH_CHECK_VALUE(!o.sliding_window() || *o.sliding_window() >= 1, kName,
                     ": expected sliding_window >= 1 (unset for none), got ", *o.sliding_window());

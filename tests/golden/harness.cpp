@@ -111,33 +111,20 @@ Module packed_multi_head_attention(attention::MultiHeadAttention mha, const nloh
 // Sequences sharing a PagedKVCache (forward["paged"]: page_size, num_pages, window, steps, each
 // a list of [sequence, new tokens], and forks, each [step, parent, child]: before that step the
 // child starts as a copy of the parent). x is (S, T, d_in): sequence s's tokens in row s. Each
-// step projects the new tokens of its sequences packed, writes their keys and values into the
-// cache and attends through its pages in one paged_attention call; the output is (S, T, d_out),
-// zeros past a sequence's length, a fork's rows before it forked its parent's. Rotary embeddings
-// take each token's position in its sequence (PagedBatch::positions). Python runs the book's
-// module on each sequence alone.
+// step gives the new tokens of its sequences, packed, to MultiHeadAttention::forward_paged; the
+// output is (S, T, d_out), zeros past a sequence's length, a fork's rows before it forked its
+// parent's. Python runs the book's module on each sequence alone.
 Module paged_multi_head_attention(attention::MultiHeadAttention mha, const nlohmann::json& f,
                                   attention::functional::Backend backend) {
-  namespace F = attention::functional;
   const auto spec = f.at("paged");
   return wrap(mha, [=](attention::MultiHeadAttention& m, const Module::Inputs& in) {
     torch::NoGradGuard no_grad;
-    const auto& o = m->options;
     const auto& x = in.at("x");
-    const int64_t hd = o.d_out() / o.num_heads();
     auto cache_options = attention::PagedKVCacheOptions(spec.at("num_pages"), spec.at("page_size"),
-                                                        o.num_kv_heads(), hd)
+                                                        m->options.num_kv_heads(), m->head_dim())
                              .dtype(x.scalar_type());
     if (spec.contains("window")) cache_options.sliding_window(spec.at("window").get<int64_t>());
     attention::PagedKVCache cache(cache_options);
-    auto options = F::ScaledDotProductAttentionOptions()
-                       .is_causal(o.causal())
-                       .causal_alignment(o.causal_alignment())
-                       .softcap(o.softcap())
-                       .backend(backend);
-    if (o.sliding_window()) options.window_left(*o.sliding_window() - 1);
-    if (o.alibi()) options.alibi_slopes(F::alibi_slopes(o.num_heads()).to(x.scalar_type()));
-    if (m->sinks.defined()) options.sinks(m->sinks);
     const int64_t count = x.size(0);
     std::vector<int64_t> ids(count, -1), done(count, 0);
     std::map<int64_t, std::pair<int64_t, int64_t>> forked;  // child: (parent, length at the fork)
@@ -146,7 +133,7 @@ Module paged_multi_head_attention(attention::MultiHeadAttention mha, const nlohm
     for (int64_t s = 0; s < count; ++s) {
       if (!forked.count(s)) ids[s] = cache.add_sequence();
     }
-    auto out = torch::zeros({count, x.size(1), o.d_out()}, x.options());
+    auto out = torch::zeros({count, x.size(1), m->options.d_out()}, x.options());
     const auto steps = spec.at("steps").get<std::vector<std::vector<std::vector<int64_t>>>>();
     for (size_t step = 0; step < steps.size(); ++step) {
       for (const auto& fork : forks) {
@@ -165,24 +152,7 @@ Module paged_multi_head_attention(attention::MultiHeadAttention mha, const nlohm
         rows.push_back(x[s].narrow(0, done[s], n));
       }
       const auto batch = cache.extend(sequences, counts);
-      const auto tokens = torch::cat(rows);
-      const int64_t total = tokens.size(0);
-      auto q = m->W_query(tokens).view({total, o.num_heads(), hd});
-      auto k = m->W_key(tokens).view({total, o.num_kv_heads(), hd});
-      const auto v = m->W_value(tokens).view({total, o.num_kv_heads(), hd});
-      if (o.rope()) {
-        // Each token rotated by its position in its own sequence.
-        const auto rotated = [&](const torch::Tensor& t) {
-          return F::apply_rotary(t.transpose(0, 1), batch.positions(), *o.rope()).transpose(0, 1);
-        };
-        q = rotated(q);
-        k = rotated(k);
-      }
-      cache.write(0, batch, k, v);
-      const auto attended =
-          F::paged_attention(q, cache.keys(0), cache.values(0), batch.query_starts(),
-                             batch.key_lengths(), batch.page_table(), options);
-      const auto y = m->out_proj(attended.reshape({total, o.d_out()}));
+      const auto y = m->forward_paged(torch::cat(rows), cache, batch, 0, backend);
       int64_t row = 0;
       for (const auto& entry : steps[step]) {
         const int64_t s = entry.at(0), n = entry.at(1);
