@@ -1,7 +1,11 @@
 #pragma once
 
 // What the processor running this process offers, asked once where a kernel picks its route at
-// run time (the exponential passes, the projections' generated kernels).
+// run time (the exponential passes, the paged forward's products, the projections' generated
+// kernels).
+
+#include <cstdlib>
+#include <cstring>
 
 namespace attention {
 namespace kernels {
@@ -25,6 +29,19 @@ inline bool processor_has_avx2_fma() {
 #else
   return false;
 #endif
+}
+
+/// The set of a kernel's vector code a process takes, given the AVX-512F and the AVX2 sets (each
+/// nullptr where the processor does not run it): AVX-512F's, else AVX2's, else nullptr (the
+/// compiler-vectorized loops). ATTENTION_CPU_VECTOR=portable asks for the loops,
+/// ATTENTION_CPU_VECTOR=avx2 for AVX2's set on an AVX-512 processor too (to compare the routes
+/// on one machine).
+template <class Set>
+const Set* chosen_vector_set(const Set* avx512, const Set* avx2) {
+  const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
+  if (forced != nullptr && std::strcmp(forced, "portable") == 0) return nullptr;
+  const bool avx2_asked = forced != nullptr && std::strcmp(forced, "avx2") == 0;
+  return !avx2_asked && avx512 != nullptr ? avx512 : avx2;
 }
 
 }  // namespace cpu

@@ -8,6 +8,7 @@
 // FlashDecoding: one sequence's step uses every thread).
 
 #include "kernels/paged.h"
+#include "kernels/cpu/decode_products.h"
 #include "kernels/cpu/tile.h"
 #include "memory/tile_pool.h"
 
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace attention {
@@ -43,6 +45,8 @@ ATTENTION_ALWAYS_INLINE float widen(float x) {
 ATTENTION_ALWAYS_INLINE double widen(double x) {
   return x;
 }
+static_assert(sizeof(c10::BFloat16) == sizeof(uint16_t), "the vector products read its bits");
+
 // bfloat16 is the upper half of a float: widening is a shift.
 ATTENTION_ALWAYS_INLINE float widen(c10::BFloat16 x) {
   const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
@@ -63,9 +67,18 @@ struct Pages {
         head_stride(t.stride(1)),
         row_stride(t.stride(2)),
         page_size(t.size(2)) {}
-  const In* row(const int64_t* table, int64_t kv, int64_t j) const {
-    return data + table[j / page_size] * page_stride + kv * head_stride +
-           (j % page_size) * row_stride;
+  // Where rows [first, first + count) of key/value head kv lie: one division for all of them.
+  void rows(const int64_t* table, int64_t kv, int64_t first, int64_t count, const In** to) const {
+    int64_t page = first / page_size, slot = first % page_size;
+    const In* at = data + table[page] * page_stride + kv * head_stride + slot * row_stride;
+    for (int64_t j = 0; j < count; ++j) {
+      to[j] = at;
+      at += row_stride;
+      if (++slot == page_size && j + 1 < count) {
+        slot = 0;
+        at = data + table[++page] * page_stride + kv * head_stride;
+      }
+    }
   }
 };
 
@@ -127,6 +140,10 @@ class PagedForward {
         table_(table.data_ptr<int64_t>()),
         table_ld_(table.size(1)),
         num_splits_(num_splits) {
+    if constexpr (std::is_same_v<Acc, float>) {
+      const cpu::DecodeProducts* set = cpu::decode_products();
+      if (set != nullptr && p.d % set->lanes == 0 && p.dv % set->lanes == 0) products_ = set;
+    }
     if (p.sinks.defined()) {
       const auto host = p.sinks.detach().to(torch::kCPU, torch::kDouble).contiguous();
       sinks_.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
@@ -277,19 +294,21 @@ class PagedForward {
         }
       }
       if (hi <= lo) continue;  // no row sees a key of this tile
-      for (int64_t j = lo; j < hi; ++j) {
-        w.k_ptr[j] = k_.row(table, it.kv, j0 + j);
-        w.v_ptr[j] = v_.row(table, it.kv, j0 + j);
-      }
-      // Scores, key by key for every row (columns a row does not see are never read).
-      for (int64_t j = lo; j < hi; ++j) {
-        const In* key = w.k_ptr[j];
-        for (int64_t r = 0; r < rows; ++r) {
-          const Acc* q = w.q + r * d;
-          Acc dot = 0;
+      k_.rows(table, it.kv, j0 + lo, hi - lo, w.k_ptr + lo);
+      v_.rows(table, it.kv, j0 + lo, hi - lo, w.v_ptr + lo);
+      // Scores of every row against the keys some row sees.
+      if (products_ != nullptr) {
+        vector_scores(w.q, rows, w.k_ptr + lo, hi - lo, w.s + lo, ld);
+      } else {
+        for (int64_t j = lo; j < hi; ++j) {
+          const In* key = w.k_ptr[j];
+          for (int64_t r = 0; r < rows; ++r) {
+            const Acc* q = w.q + r * d;
+            Acc dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t c = 0; c < d; ++c) dot += q[c] * widen(key[c]);
-          w.s[r * ld + j] = dot;
+            for (int64_t c = 0; c < d; ++c) dot += q[c] * widen(key[c]);
+            w.s[r * ld + j] = dot;
+          }
         }
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -306,7 +325,11 @@ class PagedForward {
         std::fill(s + lo, s + a, Acc(0));
         std::fill(s + std::max(a, b), s + hi, Acc(0));
       }
-      // The weighted values, value by value for every row.
+      // The weighted values (a value a row gives no weight is not read for it).
+      if (products_ != nullptr) {
+        vector_values(w.s + lo, ld, rows, w.v_ptr + lo, hi - lo, w.acc);
+        continue;
+      }
       for (int64_t j = lo; j < hi; ++j) {
         const In* value = w.v_ptr[j];
         for (int64_t r = 0; r < rows; ++r) {
@@ -317,6 +340,27 @@ class PagedForward {
           for (int64_t c = 0; c < dv; ++c) acc[c] += weight * widen(value[c]);
         }
       }
+    }
+  }
+
+  // The products on this processor's vector instructions (products_ is set for float and
+  // bfloat16 inputs only, whose bfloat16 is a uint16_t's bits).
+  void vector_scores(const Acc* q, int64_t rows, const In* const* keys, int64_t cols, Acc* s,
+                     int64_t ld) const {
+    if constexpr (std::is_same_v<In, float>) {
+      products_->scores(q, rows, p_.d, keys, cols, s, ld);
+    } else if constexpr (std::is_same_v<In, c10::BFloat16>) {
+      products_->scores_bf16(q, rows, p_.d, reinterpret_cast<const uint16_t* const*>(keys), cols, s,
+                             ld);
+    }
+  }
+  void vector_values(const Acc* weights, int64_t ld, int64_t rows, const In* const* values,
+                     int64_t cols, Acc* acc) const {
+    if constexpr (std::is_same_v<In, float>) {
+      products_->values(weights, ld, rows, values, cols, acc, p_.dv);
+    } else if constexpr (std::is_same_v<In, c10::BFloat16>) {
+      products_->values_bf16(weights, ld, rows, reinterpret_cast<const uint16_t* const*>(values),
+                             cols, acc, p_.dv);
     }
   }
 
@@ -376,6 +420,7 @@ class PagedForward {
   const int64_t* table_;
   int64_t table_ld_;
   int64_t num_splits_;
+  const cpu::DecodeProducts* products_ = nullptr;  // nullptr: the portable loops
   std::vector<double> sinks_;
   std::vector<Problem> problems_;
   std::vector<PagedItem> bases_, items_;

@@ -1,0 +1,57 @@
+#pragma once
+
+// The paged forward's products (kernels/cpu/paged.cpp): a few query rows against keys and values
+// that lie one row here, one row there, in the pages of a cache, each reached through a pointer.
+// A decoding step is bound by reading those keys and values once, so the products must keep up
+// with memory: the compiler-vectorized loops (one dot product per row and key, summed lane after
+// lane) do not. Here a row meets a group of keys at a time (16 on AVX-512F, 8 on AVX2), each key's
+// partial sums kept in a register of its own and the group's sums gathered into one register by a
+// tree of shuffles; the weighted values keep a row's output in registers while its keys go by.
+// bfloat16 keys and values are widened on load (a bfloat16 is a float's upper half). One set per
+// instruction set (kernels/cpu/decode_products_avx512.cpp, kernels/cpu/decode_products_avx2.cpp),
+// chosen at run time as the exponential passes are (kernels/cpu/softmax.h).
+
+#include <cstdint>
+
+namespace attention {
+namespace kernels {
+namespace cpu {
+
+/// One instruction set's products. Feature counts (d, dv) must be multiples of `lanes`.
+struct DecodeProducts {
+  /// "avx512" or "avx2".
+  const char* name;
+  /// The vector width in floats: d and dv must be multiples of it.
+  int64_t lanes;
+
+  /// s[r * ld + j] = sum_c q[r * d + c] * keys[j][c] for r < rows, j < cols.
+  void (*scores)(const float* q, int64_t rows, int64_t d, const float* const* keys, int64_t cols,
+                 float* s, int64_t ld);
+  /// The same with bfloat16 keys (their bits as uint16_t).
+  void (*scores_bf16)(const float* q, int64_t rows, int64_t d, const uint16_t* const* keys,
+                      int64_t cols, float* s, int64_t ld);
+
+  /// acc[r * dv + c] += sum_j p[r * ld + j] * values[j][c] for r < rows, c < dv, over j < cols
+  /// with p[r * ld + j] != 0: a value a row gives no weight is never read for it (a NaN there
+  /// stays out of the row, as in the kernels' other loops).
+  void (*values)(const float* p, int64_t ld, int64_t rows, const float* const* values, int64_t cols,
+                 float* acc, int64_t dv);
+  /// The same with bfloat16 values.
+  void (*values_bf16)(const float* p, int64_t ld, int64_t rows, const uint16_t* const* values,
+                      int64_t cols, float* acc, int64_t dv);
+};
+
+/// The products the paged forward takes in this process, decided once as softmax_passes() is:
+/// AVX-512F's, else AVX2's with FMA, else nullptr (the portable loops).
+/// ATTENTION_CPU_VECTOR=portable keeps the loops, ATTENTION_CPU_VECTOR=avx2 takes AVX2's on an
+/// AVX-512 processor too.
+const DecodeProducts* decode_products();
+
+/// Each instruction set's products where this processor runs them, else nullptr (for tests and
+/// benchmarks).
+const DecodeProducts* avx512_decode_products();
+const DecodeProducts* avx2_decode_products();
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention

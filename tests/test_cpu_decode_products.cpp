@@ -1,0 +1,172 @@
+// The paged forward's products of each instruction set this processor runs (AVX-512F, AVX2 with
+// FMA: kernels/cpu/decode_products.h) against sums in double written here: scores of 1 to 33 rows
+// against 1 to 40 keys that lie apart (groups of keys full and short), and the weighted values
+// added to a running output, over feature counts that fill 1 to 17 vectors, float and bfloat16;
+// a value that a row gives no weight never reaches the row, NaN included. The paged goldens and
+// differential tests run on the set decode_products() takes; ctest's chunked.avx2_softmax and
+// chunked.portable_softmax run them on AVX2's and on the portable loops.
+
+#include "kernels/cpu/decode_products.h"
+
+#include <torch/torch.h>
+#include "catch_compat.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace cpu = attention::kernels::cpu;
+
+namespace {
+
+std::vector<const cpu::DecodeProducts*> runnable_products() {
+  std::vector<const cpu::DecodeProducts*> sets;
+  for (const cpu::DecodeProducts* p :
+       {cpu::avx512_decode_products(), cpu::avx2_decode_products()}) {
+    if (p != nullptr) sets.push_back(p);
+  }
+  if (sets.empty()) WARN("skipped: this processor has neither AVX-512F nor AVX2 with FMA");
+  return sets;
+}
+
+float widened(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &word, sizeof f);
+  return f;
+}
+
+// `count` rows of `width` features, each row its own allocation (as pages scatter them), filled
+// from N(0, 1): as float, and as bfloat16's bits with their widened values.
+struct Rows {
+  std::vector<std::vector<float>> f;
+  std::vector<std::vector<uint16_t>> b;
+  std::vector<const float*> f_ptr;
+  std::vector<const uint16_t*> b_ptr;
+  Rows(int64_t count, int64_t width, uint64_t seed) {
+    torch::manual_seed(seed);
+    const auto values = torch::randn({count, width});
+    const auto halves = values.to(torch::kBFloat16);
+    for (int64_t j = 0; j < count; ++j) {
+      f.emplace_back(values[j].data_ptr<float>(), values[j].data_ptr<float>() + width);
+      const auto* bits = reinterpret_cast<const uint16_t*>(halves[j].data_ptr<at::BFloat16>());
+      b.emplace_back(bits, bits + width);
+    }
+    // Reversed, so that neighbouring pointers do not point to neighbouring rows.
+    for (int64_t j = count - 1; j >= 0; --j) {
+      f_ptr.push_back(f[j].data());
+      b_ptr.push_back(b[j].data());
+    }
+  }
+  double at(bool bf16, int64_t j, int64_t c) const {
+    return bf16 ? widened(b_ptr[j][c]) : f_ptr[j][c];
+  }
+};
+
+std::vector<float> random_floats(int64_t count, uint64_t seed) {
+  torch::manual_seed(seed);
+  const auto t = torch::randn({count});
+  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + count);
+}
+
+}  // namespace
+
+TEST_CASE("cpu decode products: scores equal sums in double", "[paged]") {
+  for (const cpu::DecodeProducts* set : runnable_products()) {
+    for (const bool bf16 : {false, true}) {
+      for (const int64_t d : {int64_t{16}, int64_t{48}, int64_t{128}, int64_t{272}}) {
+        for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{33}}) {
+          for (const int64_t cols :
+               {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{17}, int64_t{40}}) {
+            INFO(set->name << (bf16 ? " bfloat16" : " float") << " d=" << d << " rows=" << rows
+                           << " cols=" << cols);
+            const Rows keys(cols, d, 7 + cols);
+            const auto q = random_floats(rows * d, 11 + d);
+            const int64_t ld = cols + 5;
+            std::vector<float> s(rows * ld, -7.0f);  // the padding past cols must stay
+            if (bf16) {
+              set->scores_bf16(q.data(), rows, d, keys.b_ptr.data(), cols, s.data(), ld);
+            } else {
+              set->scores(q.data(), rows, d, keys.f_ptr.data(), cols, s.data(), ld);
+            }
+            bool all_close = true, padding_kept = true;
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t j = 0; j < cols; ++j) {
+                double exact = 0, magnitude = 0;
+                for (int64_t c = 0; c < d; ++c) {
+                  exact += q[r * d + c] * keys.at(bf16, j, c);
+                  magnitude += std::abs(q[r * d + c] * keys.at(bf16, j, c));
+                }
+                // A float sum of d terms is within d units of rounding of their magnitude.
+                const double bound = static_cast<double>(d) * 6e-8 * magnitude;
+                all_close = all_close && std::abs(s[r * ld + j] - exact) <= bound;
+              }
+              for (int64_t j = cols; j < ld; ++j)
+                padding_kept = padding_kept && s[r * ld + j] == -7.0f;
+            }
+            CHECK(all_close);
+            CHECK(padding_kept);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu decode products: weighted values add to the output, zero weights read nothing",
+          "[paged]") {
+  for (const cpu::DecodeProducts* set : runnable_products()) {
+    for (const bool bf16 : {false, true}) {
+      for (const int64_t dv : {int64_t{16}, int64_t{48}, int64_t{128}, int64_t{272}}) {
+        for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{33}}) {
+          for (const int64_t cols : {int64_t{1}, int64_t{7}, int64_t{17}, int64_t{40}}) {
+            INFO(set->name << (bf16 ? " bfloat16" : " float") << " dv=" << dv << " rows=" << rows
+                           << " cols=" << cols);
+            Rows values(cols, dv, 3 + cols);
+            // Key 0's value (the last row stored: the pointers run backwards) holds a NaN and an
+            // infinity; only row 1 gives key 0 a weight.
+            values.f[cols - 1][dv / 2] = std::numeric_limits<float>::quiet_NaN();
+            values.f[cols - 1][dv - 1] = std::numeric_limits<float>::infinity();
+            values.b[cols - 1][dv / 2] = 0x7FC0;  // bfloat16 NaN
+            values.b[cols - 1][dv - 1] = 0x7F80;  // bfloat16 +inf
+            const int64_t ld = cols + 3;
+            auto p = random_floats(rows * ld, 5 + rows);
+            for (int64_t r = 0; r < rows; ++r) {
+              p[r * ld + 0] = r == 1 ? 0.5f : 0.0f;
+              for (int64_t j = 1; j < cols; j += 3) p[r * ld + j] = 0.0f;  // more zero weights
+            }
+            auto acc = random_floats(rows * dv, 9 + dv);
+            const auto start = acc;
+            if (bf16) {
+              set->values_bf16(p.data(), ld, rows, values.b_ptr.data(), cols, acc.data(), dv);
+            } else {
+              set->values(p.data(), ld, rows, values.f_ptr.data(), cols, acc.data(), dv);
+            }
+            bool all_close = true;
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t c = 0; c < dv; ++c) {
+                double exact = start[r * dv + c], magnitude = std::abs(exact);
+                for (int64_t j = 0; j < cols; ++j) {
+                  if (p[r * ld + j] == 0.0f) continue;
+                  const double term = p[r * ld + j] * values.at(bf16, j, c);
+                  exact += term;
+                  magnitude += std::abs(term);
+                }
+                const double got = acc[r * dv + c];
+                const bool same_kind = std::isnan(exact)   ? std::isnan(got)
+                                       : std::isinf(exact) ? got == exact
+                                                           : std::isfinite(got);
+                const double bound = static_cast<double>(cols + 1) * 6e-8 * magnitude;
+                all_close = all_close && same_kind &&
+                            (!std::isfinite(exact) || std::abs(got - exact) <= bound);
+              }
+            }
+            CHECK(all_close);
+          }
+        }
+      }
+    }
+  }
+}
