@@ -30,7 +30,7 @@ using torch::Tensor;
 thread_local int64_t last_parts = 0;
 
 // Keys per tile of scores.
-constexpr int64_t kPagedKeyTile = 128;
+constexpr int64_t kPagedKeyTile = 64;
 // Query rows (query heads of a key/value head x queries) per item: a key read once serves them.
 constexpr int64_t kPagedRows = 16;
 // When the split is decided by the threads, a part holds at least this many keys: fewer would
@@ -81,6 +81,15 @@ struct Pages {
     }
   }
 };
+
+// Asks for `count` rows of `width` elements, a cache line at a time.
+template <typename In>
+void prefetch_rows(const In* const* rows, int64_t count, int64_t width) {
+  constexpr int64_t kLine = 64 / sizeof(In);
+  for (int64_t j = 0; j < count; ++j) {
+    for (int64_t c = 0; c < width; c += kLine) __builtin_prefetch(rows[j] + c);
+  }
+}
 
 // Rows r of an item are (query head g of the key/value head, query i0 + q), r = g * nq + q.
 struct PagedItem {
@@ -296,8 +305,10 @@ class PagedForward {
       if (hi <= lo) continue;  // no row sees a key of this tile
       k_.rows(table, it.kv, j0 + lo, hi - lo, w.k_ptr + lo);
       v_.rows(table, it.kv, j0 + lo, hi - lo, w.v_ptr + lo);
-      // Scores of every row against the keys some row sees.
+      // Scores of every row against the keys some row sees, while the values they weigh are on
+      // their way to the cache (rows a page apart are in no order a hardware prefetcher follows).
       if (products_ != nullptr) {
+        prefetch_rows(w.v_ptr + lo, hi - lo, dv);
         vector_scores(w.q, rows, w.k_ptr + lo, hi - lo, w.s + lo, ld);
       } else {
         for (int64_t j = lo; j < hi; ++j) {
