@@ -2,10 +2,11 @@
 # Installs the library from BUILD_DIR into a temporary prefix, builds the examples against the
 # installed package as a downstream project would, and runs them: examples/load_python_weights on
 # weights that Python saves, examples/gpt on the book's GPT that examples/gpt/train.py trained
-# (models/gpt/), which must generate Python's tokens; and examples/ring_attention over torchrun
-# on two processes when the library has attention::distributed; examples/ci_regression, whose
-# CTest checks its C++ block against the cases its Python records with the parity kit. A shared
-# build's libraries must export their API alone.
+# (models/gpt/), which must generate Python's tokens, and serve 16 requests at once with
+# continuous batching (gpt-serve), each getting the tokens it gets alone; examples/ring_attention
+# over torchrun on two processes when the library has attention::distributed; and
+# examples/ci_regression, whose CTest checks its C++ block against the cases its Python records
+# with the parity kit. A shared build's libraries must export their API alone.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -56,6 +57,8 @@ check_shared_exports "$work/prefix"
 # CTest checks one test per case that Python recorded.
 (cd "$work/ci_regression" && ctest --output-on-failure)
 "$work/gpt/gpt" "$ROOT/models/gpt"
+# 16 requests at once over a paged KV cache, each getting the tokens it gets alone.
+"$work/gpt/gpt-serve" "$ROOT/models/gpt"
 if $has_distributed; then
   torchrun --standalone --nproc_per_node=2 --redirects 1 --tee 1 --no_python \
     "$work/ring_attention/ring-attention" | grep "matches one process"

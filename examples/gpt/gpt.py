@@ -50,10 +50,10 @@ class TransformerBlock(nn.Module):
         self.norm2 = LayerNorm(cfg["emb_dim"])
         self.drop_shortcut = nn.Dropout(cfg["drop_rate"])
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, visible=None):
         shortcut = x
         x = self.norm1(x)
-        x = self.att(x) if cache is None else cached_attention(self.att, x, cache)
+        x = self.att(x) if cache is None else cached_attention(self.att, x, cache, visible)
         x = self.drop_shortcut(x) + shortcut
         shortcut = x
         return self.drop_shortcut(self.ff(self.norm2(x))) + shortcut
@@ -69,16 +69,20 @@ class GPTModel(nn.Module):
         self.final_norm = LayerNorm(cfg["emb_dim"])
         self.out_head = nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
 
-    def forward(self, idx, caches=None, start=0):
-        positions = torch.arange(start, start + idx.shape[1])
+    def forward(self, idx, caches=None, start=0, positions=None, visible=None):
+        """With caches, `positions` (B, T) and `visible` (B, 1, T, keys) may give each row its own
+        positions and the keys each query sees (a batch of padded prompts)."""
+        if positions is None:
+            positions = torch.arange(start, start + idx.shape[1])
         x = self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions))
         for i, block in enumerate(self.trf_blocks):
-            x = block(x, None if caches is None else caches[i])
+            x = block(x, None if caches is None else caches[i], visible)
         return self.out_head(self.final_norm(x))
 
 
-def cached_attention(att, x, cache):
-    """The book's MultiHeadAttention on new tokens, attending to the cached ones as well."""
+def cached_attention(att, x, cache, visible=None):
+    """The book's MultiHeadAttention on new tokens, attending to the cached ones as well: causally,
+    or to the keys `visible` (broadcast to (B, heads, new tokens, keys)) marks."""
     b, t, _ = x.shape
     split = lambda y: y.view(b, t, att.num_heads, att.head_dim).transpose(1, 2)  # noqa: E731
     q, k, v = split(att.W_query(x)), split(att.W_key(x)), split(att.W_value(x))
@@ -88,7 +92,10 @@ def cached_attention(att, x, cache):
     cache[:] = [k, v]
     total = k.shape[2]
     scores = q @ k.transpose(2, 3)
-    hidden = torch.ones(t, total, dtype=torch.bool).triu(total - t + 1)
+    if visible is None:
+        hidden = torch.ones(t, total, dtype=torch.bool).triu(total - t + 1)
+    else:
+        hidden = ~visible
     weights = torch.softmax(scores.masked_fill(hidden, -torch.inf) / att.head_dim ** 0.5, dim=-1)
     return att.out_proj((weights @ v).transpose(1, 2).reshape(b, t, att.d_out))
 
@@ -113,5 +120,6 @@ def generate_cached(model, idx, max_new_tokens):
             steps.append(logits)
             token = torch.argmax(logits, dim=-1, keepdim=True)
             idx = torch.cat([idx, token], dim=1)
-            logits = model(token, caches, idx.shape[1] - 1)[:, -1, :]
+            if len(steps) < max_new_tokens:  # the last token needs no logits of its own
+                logits = model(token, caches, idx.shape[1] - 1)[:, -1, :]
     return idx, torch.stack(steps, dim=1)

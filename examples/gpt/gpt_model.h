@@ -4,7 +4,7 @@
 // embeddings, transformer blocks of MultiHeadAttention, LayerNorm with `scale` and `shift`, the
 // tanh GELU feed-forward, `final_norm` and `out_head`, with the book's parameter names, so that
 // `torch.save(model.state_dict(), path)` loads unchanged. Generation runs with one KVCache per
-// block.
+// block; serving many sequences at once (serving.h) runs packed steps over one PagedKVCache.
 
 #include <attention/attention.h>
 
@@ -77,6 +77,15 @@ struct TransformerBlockImpl : torch::nn::Module {
     return drop_shortcut(ff(norm2(x))) + x;
   }
 
+  /// The same block on a packed step of many sequences, (total_tokens, emb_dim): the attention
+  /// writes the step's keys and values into `layer` of the paged cache and reads each sequence's
+  /// earlier ones from it.
+  torch::Tensor forward_paged(torch::Tensor x, attention::PagedKVCache& cache,
+                              const attention::PagedBatch& batch, int64_t layer) {
+    x = drop_shortcut(att->forward_paged(norm1(x), cache, batch, layer)) + x;
+    return drop_shortcut(ff(norm2(x))) + x;
+  }
+
   attention::MultiHeadAttention att;
   FeedForward ff;
   LayerNorm norm1, norm2;
@@ -109,6 +118,22 @@ struct GPTModelImpl : torch::nn::Module {
     return out_head(final_norm(x));
   }
 
+  /// Logits (S, vocab) after the last new token of each sequence of a packed step: `tokens`
+  /// (total_tokens,) holds the new tokens of batch.sequences() one after another, as
+  /// PagedKVCache::extend() laid them out; each token's position in its own sequence selects its
+  /// position embedding. Block i uses layer i of the cache.
+  torch::Tensor forward_packed(const torch::Tensor& tokens, attention::PagedKVCache& cache,
+                               const attention::PagedBatch& batch) {
+    auto x = drop_emb(tok_emb(tokens) + pos_emb(batch.positions()));
+    for (size_t i = 0; i < trf_blocks->size(); ++i) {
+      x = trf_blocks[i]->as<TransformerBlock>()->forward_paged(x, cache, batch,
+                                                               static_cast<int64_t>(i));
+    }
+    // Only each sequence's last row predicts a token: the others need no output head.
+    const auto last_rows = batch.query_starts().slice(0, 1) - 1;
+    return out_head(final_norm(x.index_select(0, last_rows)));
+  }
+
   torch::nn::Embedding tok_emb, pos_emb;
   torch::nn::Dropout drop_emb;
   torch::nn::ModuleList trf_blocks;
@@ -131,7 +156,8 @@ inline std::pair<torch::Tensor, torch::Tensor> generate(GPTModel& model, torch::
     steps.push_back(logits);
     const auto next = logits.argmax(-1, /*keepdim=*/true);
     tokens = torch::cat({tokens, next}, 1);
-    logits = model(next, &caches, tokens.size(1) - 1).select(1, -1);
+    // The last token needs no logits of its own.
+    if (i + 1 < new_tokens) logits = model(next, &caches, tokens.size(1) - 1).select(1, -1);
   }
   return {tokens, torch::stack(steps, 1)};
 }

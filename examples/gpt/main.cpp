@@ -7,28 +7,20 @@
 // against Python's (exit 1 on a difference), and reports tokens per second.
 
 #include "gpt_model.h"
+#include "model_dir.h"
 
 #include <fmt/format.h>
 #include <torch/serialize.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <string>
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // generation.pt: a plain dict of tensors, read with LibTorch's own unpickler.
 std::map<std::string, torch::Tensor> read_generation(const std::string& path) {
-  const std::string bytes = read_file(path);
+  const std::string bytes = gpt::read_file(path);
   std::map<std::string, torch::Tensor> out;
   for (const auto& item :
        torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict()) {
@@ -51,22 +43,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  const auto json = nlohmann::json::parse(read_file(dir + "/config.json"));
-  gpt::Config config;
-  config.vocab_size = json.at("vocab_size");
-  config.context_length = json.at("context_length");
-  config.emb_dim = json.at("emb_dim");
-  config.n_heads = json.at("n_heads");
-  config.n_layers = json.at("n_layers");
-  config.drop_rate = json.at("drop_rate");
-  config.qkv_bias = json.at("qkv_bias");
-  const std::string vocab = json.at("vocab");
-
-  gpt::GPTModel model(config);
-  const auto report = attention::load_weights(*model, dir + "/model.pth");
-  model->eval();
-  fmt::print("loaded {} tensors from model.pth (derived, skipped: {})\n", report.loaded.size(),
-             report.derived.size());
+  const auto [config, vocab] = gpt::read_config(dir);
+  gpt::GPTModel model = gpt::load_model(dir, config);
 
   const auto python = read_generation(dir + "/generation.pt");
   const auto& prompt = python.at("prompt");

@@ -69,25 +69,36 @@ def train(out, steps):
     print("generated:", repr("".join(vocab[i] for i in simple[0].tolist())))
 
 
-def bench(out):
-    torch.set_num_threads(1)  # as the C++ example measures
+def load_model(out):
+    """The config and the trained model saved in `out`, in evaluation mode."""
     with open(os.path.join(out, "config.json")) as f:
         cfg = json.load(f)
     model = gpt.GPTModel(cfg)
     model.load_state_dict(torch.load(os.path.join(out, "model.pth"), weights_only=True))
     model.eval()
+    return cfg, model
+
+
+def best_seconds(run):
+    """The fastest of five runs after one to warm up."""
+    run()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench(out):
+    torch.set_num_threads(1)  # as the C++ example measures
+    cfg, model = load_model(out)
     prompt = torch.tensor([[cfg["vocab"].index(c) for c in cfg["prompt"]]])
     n = cfg["context_length"] - prompt.shape[1]
     for name, run in (("python.simple", lambda: gpt.generate_text_simple(model, prompt, n,
                                                                           cfg["context_length"])),
                       ("python.cached", lambda: gpt.generate_cached(model, prompt, n))):
-        run()
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        best = min(times)
+        best = best_seconds(run)
         print(json.dumps({"generation": name, "threads": torch.get_num_threads(), "tokens": n,
                           "tokens_per_s": round(n / best, 1)}))
 

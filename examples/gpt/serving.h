@@ -1,0 +1,194 @@
+#pragma once
+
+// Continuous batching of the book's GPT: requests arrive at different steps, each generates its
+// own number of tokens greedily, and every step runs the model once on the new tokens of all
+// running sequences packed together (the prompt chunks of newly arrived requests and one token of
+// each decoding one), over one PagedKVCache whose pages a finished request gives back at once.
+
+#include "gpt_model.h"
+
+#include <algorithm>
+#include <deque>
+#include <vector>
+
+namespace gpt {
+
+/// One request: a prompt of token ids (T,), the tokens to generate after it, and the step at
+/// which it reaches the server.
+struct Request {
+  torch::Tensor prompt;
+  int64_t new_tokens = 0;
+  int64_t arrival_step = 0;
+};
+
+/// What the server made for one request.
+struct Completion {
+  /// The generated tokens, (new_tokens,) int64.
+  torch::Tensor tokens;
+  /// The logits each token was chosen from, (new_tokens, vocab).
+  torch::Tensor logits;
+  /// The steps at which the request was admitted (its pages reserved) and got its last token.
+  int64_t admitted_step = -1, finished_step = -1;
+};
+
+/// How the steps went.
+struct ServeStats {
+  int64_t steps = 0;            // steps that ran the model
+  int64_t most_sequences = 0;   // the most sequences in one step
+  int64_t most_tokens = 0;      // the most packed tokens in one step
+  int64_t most_pages = 0;       // the most pages held at once
+  int64_t mixed_steps = 0;      // steps in which some sequences prefilled and others decoded
+  int64_t waited_requests = 0;  // requests admitted after their arrival step (no pages yet)
+};
+
+struct ServeOptions {
+  /// The most prompt tokens one sequence brings to a step: a longer prompt is prefilled in
+  /// chunks over several steps, so that one long prompt does not stall the decoding sequences.
+  TORCH_ARG(int64_t, prefill_chunk) = 16;
+};
+
+namespace detail {
+
+inline int64_t pages_for(int64_t tokens, int64_t page_size) {
+  return (tokens + page_size - 1) / page_size;
+}
+
+// A request while it runs: its sequence in the cache and how far it has come.
+struct Running {
+  size_t request = 0;
+  int64_t sequence = -1;
+  int64_t prompt_fed = 0;  // prompt tokens already in the cache
+  std::vector<int64_t> tokens;
+  std::vector<torch::Tensor> logits;
+};
+
+}  // namespace detail
+
+/// Serves `requests` (in any order) with greedy generation over `cache` (one layer per block,
+/// the model's heads and head size, empty): each step admits the requests that have arrived
+/// while the pool can hold them, runs the model once on the packed new tokens of every running
+/// sequence, and frees each sequence that has all its tokens. A request is admitted only when the
+/// pages of its whole length (prompt and generated tokens) are free beside those reserved by the
+/// running ones, so that no running sequence ever finds the pool empty; requests are admitted in
+/// order of arrival. Returns one Completion per request, in the order given.
+inline std::vector<Completion> serve(GPTModel& model, attention::PagedKVCache& cache,
+                                     const std::vector<Request>& requests,
+                                     const ServeOptions& options = {},
+                                     ServeStats* stats = nullptr) {
+  const int64_t page_size = cache.options().page_size();
+  const int64_t num_pages = cache.options().num_pages();
+  const int64_t context_length = model->pos_emb->weight.size(0);
+  TORCH_CHECK_VALUE(options.prefill_chunk() >= 1, "gpt::serve: expected prefill_chunk >= 1, got ",
+                    options.prefill_chunk());
+  TORCH_CHECK_VALUE(cache.options().num_layers() == static_cast<int64_t>(model->trf_blocks->size()),
+                    "gpt::serve: expected a cache of ", model->trf_blocks->size(),
+                    " layers (one per block), got ", cache.options().num_layers());
+  TORCH_CHECK_VALUE(cache.sequences().empty(), "gpt::serve: expected an empty cache, got one of ",
+                    cache.sequences().size(), " sequences");
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& r = requests[i];
+    TORCH_CHECK_TYPE(r.prompt.defined() && r.prompt.scalar_type() == torch::kLong,
+                     "gpt::serve: request ", i, ": expected an int64 prompt");
+    TORCH_CHECK_VALUE(r.prompt.dim() == 1 && r.prompt.size(0) >= 1, "gpt::serve: request ", i,
+                      ": expected a prompt of shape (T,) with T >= 1, got ", r.prompt.sizes());
+    const int64_t length = r.prompt.size(0) + r.new_tokens;
+    TORCH_CHECK_VALUE(r.new_tokens >= 1 && length <= context_length, "gpt::serve: request ", i,
+                      ": expected 1 <= new_tokens <= context_length - prompt length = ",
+                      context_length - r.prompt.size(0), ", got ", r.new_tokens);
+    const int64_t pages = detail::pages_for(length, page_size);
+    TORCH_CHECK_VALUE(pages <= num_pages, "gpt::serve: request ", i, " needs ", pages,
+                      " pages, the pool has ", num_pages);
+    TORCH_CHECK_VALUE(r.arrival_step >= 0, "gpt::serve: request ", i,
+                      ": expected arrival_step >= 0, got ", r.arrival_step);
+  }
+  torch::NoGradGuard no_grad;
+  ServeStats local;
+  ServeStats& s = stats ? *stats : local;
+  s = ServeStats();
+
+  std::vector<size_t> order(requests.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return requests[a].arrival_step < requests[b].arrival_step;
+  });
+  std::deque<size_t> waiting(order.begin(), order.end());
+  std::vector<detail::Running> running;
+  std::vector<Completion> done(requests.size());
+  int64_t reserved = 0;  // pages of the running requests' whole lengths
+  auto whole_pages = [&](size_t i) {
+    return detail::pages_for(requests[i].prompt.size(0) + requests[i].new_tokens, page_size);
+  };
+
+  for (int64_t step = 0; !waiting.empty() || !running.empty(); ++step) {
+    // Nothing to run until the next request arrives.
+    if (running.empty()) step = std::max(step, requests[waiting.front()].arrival_step);
+    while (!waiting.empty() && requests[waiting.front()].arrival_step <= step &&
+           reserved + whole_pages(waiting.front()) <= num_pages) {
+      const size_t i = waiting.front();
+      waiting.pop_front();
+      reserved += whole_pages(i);
+      detail::Running admitted;
+      admitted.request = i;
+      admitted.sequence = cache.add_sequence();
+      running.push_back(std::move(admitted));
+      done[i].admitted_step = step;
+      if (step > requests[i].arrival_step) ++s.waited_requests;
+    }
+
+    // The step's packed tokens: the next prompt chunk of a prefilling sequence, the last
+    // generated token of a decoding one.
+    std::vector<int64_t> sequences, counts;
+    std::vector<torch::Tensor> inputs;
+    bool prefills = false, decodes = false;
+    for (const auto& r : running) {
+      const auto& prompt = requests[r.request].prompt;
+      if (r.prompt_fed < prompt.size(0)) {
+        const int64_t n = std::min(options.prefill_chunk(), prompt.size(0) - r.prompt_fed);
+        inputs.push_back(prompt.slice(0, r.prompt_fed, r.prompt_fed + n));
+        prefills = true;
+      } else {
+        inputs.push_back(torch::tensor({r.tokens.back()}, torch::kLong));
+        decodes = true;
+      }
+      sequences.push_back(r.sequence);
+      counts.push_back(inputs.back().size(0));
+    }
+    const auto batch = cache.extend(sequences, counts);
+    const auto logits = model->forward_packed(torch::cat(inputs), cache, batch);
+    const auto next = logits.argmax(-1);
+
+    ++s.steps;
+    s.most_sequences = std::max<int64_t>(s.most_sequences, running.size());
+    s.most_tokens = std::max(s.most_tokens, batch.total_tokens());
+    s.most_pages = std::max(s.most_pages, num_pages - cache.free_pages());
+    if (prefills && decodes) ++s.mixed_steps;
+
+    // A sequence past its whole prompt gets its next token; a finished one gives back its pages.
+    std::vector<detail::Running> still_running;
+    for (size_t j = 0; j < running.size(); ++j) {
+      auto& r = running[j];
+      const auto& request = requests[r.request];
+      if (r.prompt_fed < request.prompt.size(0)) r.prompt_fed += counts[j];
+      if (r.prompt_fed < request.prompt.size(0)) {
+        still_running.push_back(std::move(r));
+        continue;
+      }
+      r.tokens.push_back(next[j].item<int64_t>());
+      r.logits.push_back(logits[j]);
+      if (static_cast<int64_t>(r.tokens.size()) < request.new_tokens) {
+        still_running.push_back(std::move(r));
+        continue;
+      }
+      cache.free_sequence(r.sequence);
+      reserved -= whole_pages(r.request);
+      auto& completion = done[r.request];
+      completion.tokens = torch::tensor(r.tokens, torch::kLong);
+      completion.logits = torch::stack(r.logits);
+      completion.finished_step = step;
+    }
+    running = std::move(still_running);
+  }
+  return done;
+}
+
+}  // namespace gpt
