@@ -91,15 +91,21 @@ inline std::vector<Completion> serve(GPTModel& model, attention::PagedKVCache& c
                      "gpt::serve: request ", i, ": expected an int64 prompt");
     TORCH_CHECK_VALUE(r.prompt.dim() == 1 && r.prompt.size(0) >= 1, "gpt::serve: request ", i,
                       ": expected a prompt of shape (T,) with T >= 1, got ", r.prompt.sizes());
-    const int64_t length = r.prompt.size(0) + r.new_tokens;
-    TORCH_CHECK_VALUE(r.new_tokens >= 1 && length <= context_length, "gpt::serve: request ", i,
+    const int64_t vocab_size = model->tok_emb->weight.size(0);
+    TORCH_CHECK_VALUE(
+        r.prompt.min().item<int64_t>() >= 0 && r.prompt.max().item<int64_t>() < vocab_size,
+        "gpt::serve: request ", i, ": expected token ids in [0, ", vocab_size, ")");
+    TORCH_CHECK_VALUE(r.new_tokens >= 1 && r.new_tokens <= context_length - r.prompt.size(0),
+                      "gpt::serve: request ", i,
                       ": expected 1 <= new_tokens <= context_length - prompt length = ",
                       context_length - r.prompt.size(0), ", got ", r.new_tokens);
-    const int64_t pages = detail::pages_for(length, page_size);
+    const int64_t pages = detail::pages_for(r.prompt.size(0) + r.new_tokens, page_size);
     TORCH_CHECK_VALUE(pages <= num_pages, "gpt::serve: request ", i, " needs ", pages,
                       " pages, the pool has ", num_pages);
-    TORCH_CHECK_VALUE(r.arrival_step >= 0, "gpt::serve: request ", i,
-                      ": expected arrival_step >= 0, got ", r.arrival_step);
+    // Steps count on past the last arrival by at most the tokens of all requests.
+    TORCH_CHECK_VALUE(r.arrival_step >= 0 && r.arrival_step <= (int64_t{1} << 62),
+                      "gpt::serve: request ", i, ": expected 0 <= arrival_step <= 2^62, got ",
+                      r.arrival_step);
   }
   torch::NoGradGuard no_grad;
   ServeStats local;
