@@ -128,7 +128,9 @@ class ATTENTION_API PagedKVCache {
   /// Not copyable: a copy would write into the same pool.
   PagedKVCache(const PagedKVCache&) = delete;
   PagedKVCache& operator=(const PagedKVCache&) = delete;
+  /// Movable: the pool, the sequences and their page tables move to the new object.
   PagedKVCache(PagedKVCache&&) noexcept = default;
+  /// Movable: the pool, the sequences and their page tables move to this object.
   PagedKVCache& operator=(PagedKVCache&&) noexcept = default;
 
   /// A new, empty sequence; its id (ids are never reused).
