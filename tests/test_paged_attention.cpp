@@ -254,3 +254,56 @@ TEST_CASE("forward_paged: each sequence gets what forward() gives it with a KVCa
     }
   }
 }
+
+TEST_CASE("scaled_dot_product_attention: a decoding step reads the cache as pages, split",
+          "[paged]") {
+  torch::NoGradGuard no_grad;
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const auto sinks = torch::randn({8}, torch::kDouble);
+  const std::vector<std::pair<std::string, O>> variants = {
+      {"causal", O().is_causal(true)},
+      {"top-left", O().is_causal(true).causal_alignment(F::CausalAlignment::TopLeft)},
+      {"window, not causal", O().window_left(90).window_right(2)},
+      {"alibi, softcap, sinks",
+       O().is_causal(true).alibi_slopes(F::alibi_slopes(8)).softcap(2.0).sinks(sinks)},
+      {"scale", O().scale(0.3)},
+  };
+  for (const auto& [name, options] : variants) {
+    for (const int64_t kv_heads : {int64_t{8}, int64_t{2}, int64_t{1}}) {
+      for (const int64_t t_q : {int64_t{1}, int64_t{2}}) {
+        for (const int64_t batch : {int64_t{1}, int64_t{3}}) {
+          torch::manual_seed(31);
+          const auto q = torch::randn({batch, 8, t_q, 32}, torch::kDouble);
+          const auto k = torch::randn({batch, kv_heads, 700, 32}, torch::kDouble);
+          const auto v = torch::randn({batch, kv_heads, 700, 16}, torch::kDouble);
+          const auto expected =
+              F::scaled_dot_product_attention(q, k, v, O(options).backend(F::Backend::Math)).output;
+          INFO(name << ", kv heads " << kv_heads << ", Tq " << t_q << ", batch " << batch);
+          const auto got =
+              F::scaled_dot_product_attention(q, k, v, O(options).backend(F::Backend::Chunked));
+          CHECK(F::last_path() == F::Path::ChunkedFused);
+          CHECK(test::max_abs_diff(got.output, expected) < 1e-10);
+          // One sequence on one key/value head, seeing all of its keys: split across the two
+          // threads (a top-left query or a window sees too few keys to split).
+          const bool sees_all = name != "top-left" && name != "window, not causal";
+          const int64_t expected_parts = batch == 1 && kv_heads == 1 && sees_all ? 2 : 1;
+          CHECK(attention::kernels::paged_forward_last_parts() == expected_parts);
+          // The same through the float route, read in place from a cache's strided view.
+          const auto cache = torch::randn({batch, kv_heads, 1000, 32}).narrow(2, 0, 700);
+          const auto q32 = q.to(torch::kFloat);
+          const auto reference = F::scaled_dot_product_attention(
+                                     q32.to(torch::kDouble), cache.to(torch::kDouble),
+                                     cache.to(torch::kDouble), O(options).backend(F::Backend::Math))
+                                     .output;
+          auto float_options = O(options).backend(F::Backend::Chunked);
+          if (options.sinks().defined()) float_options.sinks(options.sinks().to(torch::kFloat));
+          const auto fast =
+              F::scaled_dot_product_attention(q32, cache, cache, float_options).output;
+          CHECK(test::max_abs_diff(fast, reference) < 2e-5);
+        }
+      }
+    }
+  }
+  at::set_num_threads(threads);
+}

@@ -6,6 +6,7 @@
 #include "kernels/paged.h"
 #include "kernels/problem.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -77,6 +78,50 @@ AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const
   return kernels::chunked(p, query, key, value);
 }
 
+// A decoding step (few queries, many keys) on the fused CPU route reads a contiguous cache as
+// the paged kernel reads pages: the Chunked forward gives a thread a (batch, key/value head, query
+// block) item, so one sequence with fewer key/value heads than threads leaves threads idle, and
+// its tiles of matrix products have one or two rows. The paged kernel splits the keys across
+// threads and takes each key once for all of its rows. Each batch row is a sequence whose keys
+// are one page (the cache's own memory, read in place); the options hold as they are.
+bool decodes_in_place(const kernels::Problem& p, const torch::Tensor& query,
+                      const torch::Tensor& key, const torch::Tensor& value) {
+  const bool fused = (p.backend == Backend::Chunked ||
+                      (p.backend == Backend::Auto && choose(p) == Backend::Chunked));
+  if (!fused || p.degenerate() || p.packed() || !kernels::paged_forward_applies(query)) {
+    return false;
+  }
+  if (p.mask.defined() || p.dropout_p > 0.0 || p.need_weights || p.needs_grad) return false;
+  if (p.t_q * p.g > kernels::kPagedItemRows) return false;  // a prompt chunk: Chunked's tiles
+  // The cache read in place: rows of contiguous features, the same batch dimensions as the query.
+  if (key.stride(-1) != 1 || value.stride(-1) != 1) return false;
+  const int64_t batch_dims = std::max<int64_t>(0, query.dim() - 3);
+  return query.sizes().slice(0, batch_dims) == key.sizes().slice(0, batch_dims);
+}
+
+// The decoding step of a validated dense problem through the paged kernel: (..., H, Tq, dv).
+torch::Tensor decode_in_place(const kernels::Problem& p, const torch::Tensor& query,
+                              const torch::Tensor& key, const torch::Tensor& value,
+                              const ScaledDotProductAttentionOptions& options) {
+  const int64_t batch = p.n / p.kv_heads, h = p.heads, hkv = p.kv_heads;
+  const auto cpu_long = torch::TensorOptions().dtype(torch::kLong);
+  const auto packed =
+      query.reshape({batch, h, p.t_q, p.d}).transpose(1, 2).reshape({batch * p.t_q, h, p.d});
+  const auto keys = key.reshape({batch, hkv, p.t_k, p.d});
+  const auto values = value.reshape({batch, hkv, p.t_k, p.dv});
+  const auto starts = torch::arange(0, (batch + 1) * p.t_q, p.t_q, cpu_long);
+  const auto lengths = torch::full({batch}, p.t_k, cpu_long);
+  const auto table = torch::arange(batch, cpu_long).view({batch, 1});
+  const auto paged =
+      kernels::make_paged_problem(packed, keys, values, starts, lengths, table, options, p.caller);
+  auto sizes = query.sizes().vec();
+  sizes.back() = p.dv;
+  return kernels::paged_forward(paged, packed, keys, values, kernels::paged_table(table))
+      .view({batch, p.t_q, h, p.dv})
+      .transpose(1, 2)
+      .reshape(sizes);
+}
+
 // The keys (or values) of every sequence of a paged problem gathered one after another,
 // (total_k, Hkv, d): the packed keys its problem describes, for the backends that read whole
 // tensors. Keys in pages outside the pool (which no query sees: make_paged_problem checked) read
@@ -128,7 +173,12 @@ Path last_path() {
 AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
                                              const torch::Tensor& value,
                                              const ScaledDotProductAttentionOptions& options) {
-  return run(kernels::make_problem(query, key, value, options, kSdpa), query, key, value);
+  const auto p = kernels::make_problem(query, key, value, options, kSdpa);
+  if (decodes_in_place(p, query, key, value)) {
+    last = Path::ChunkedFused;
+    return {decode_in_place(p, query, key, value, options), {}};
+  }
+  return run(p, query, key, value);
 }
 
 torch::Tensor varlen_attention(const torch::Tensor& query, const torch::Tensor& key,

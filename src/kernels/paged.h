@@ -30,6 +30,10 @@ Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_
 /// contiguous: what make_paged_problem read and checked.
 torch::Tensor paged_table(const torch::Tensor& page_table);
 
+/// The most query rows (query heads of a key/value head x queries) of one work item of
+/// paged_forward(): each key and value is read once for all of them.
+constexpr int64_t kPagedItemRows = 16;
+
 /// Whether paged_forward() takes these queries: on the CPU, float, double or bfloat16.
 bool paged_forward_applies(const torch::Tensor& query);
 

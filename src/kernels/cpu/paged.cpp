@@ -31,8 +31,6 @@ thread_local int64_t last_parts = 0;
 
 // Keys per tile of scores.
 constexpr int64_t kPagedKeyTile = 64;
-// Query rows (query heads of a key/value head x queries) per item: a key read once serves them.
-constexpr int64_t kPagedRows = 16;
 // When the split is decided by the threads, a part holds at least this many keys: fewer would
 // cost more in merging than they save.
 constexpr int64_t kMinPartKeys = 256;
@@ -177,7 +175,7 @@ class PagedForward {
  private:
   void make_items() {
     const Sequences& sequences = *p_.sequences;
-    const int64_t nq_max = std::max<int64_t>(1, kPagedRows / p_.g);
+    const int64_t nq_max = std::max<int64_t>(1, kPagedItemRows / p_.g);
     problems_.reserve(sequences.count());
     for (int64_t s = 0; s < sequences.count(); ++s) {
       problems_.push_back(p_.sequence(s));
