@@ -307,3 +307,24 @@ TEST_CASE("scaled_dot_product_attention: a decoding step reads the cache as page
   }
   at::set_num_threads(threads);
 }
+
+TEST_CASE("scaled_dot_product_attention: Auto decodes through the paged kernel from 256 keys",
+          "[paged]") {
+  torch::NoGradGuard no_grad;
+  const auto q = torch::randn({1, 4, 1, 16});
+  for (const int64_t keys : {F::kAutoDecodeKeys - 1, F::kAutoDecodeKeys}) {
+    const auto k = torch::randn({1, 2, keys, 16});
+    const auto out = F::scaled_dot_product_attention(q, k, k, O().is_causal(true)).output;
+    CHECK(F::last_path() == (keys >= F::kAutoDecodeKeys ? F::Path::ChunkedFused : F::Path::Math));
+    const auto expected =
+        F::scaled_dot_product_attention(q, k, k, O().is_causal(true).backend(F::Backend::Math))
+            .output;
+    CHECK(test::max_abs_diff(out, expected) < 1e-5);
+  }
+  // Weights, or a prompt chunk of more rows than an item holds, keep Auto's other rules.
+  const auto k = torch::randn({1, 2, 300, 16});
+  F::scaled_dot_product_attention(q, k, k, O().need_weights(true));
+  CHECK(F::last_path() == F::Path::Math);
+  F::scaled_dot_product_attention(torch::randn({1, 4, 9, 16}), k, k, O().is_causal(true));
+  CHECK(F::last_path() == F::Path::Math);  // 2 x 9 rows per key/value head, 10800 scores
+}

@@ -86,8 +86,9 @@ AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const
 // are one page (the cache's own memory, read in place); the options hold as they are.
 bool decodes_in_place(const kernels::Problem& p, const torch::Tensor& query,
                       const torch::Tensor& key, const torch::Tensor& value) {
-  const bool fused = (p.backend == Backend::Chunked ||
-                      (p.backend == Backend::Auto && choose(p) == Backend::Chunked));
+  const bool fused =
+      p.backend == Backend::Chunked ||
+      (p.backend == Backend::Auto && (choose(p) == Backend::Chunked || p.t_k >= kAutoDecodeKeys));
   if (!fused || p.degenerate() || p.packed() || !kernels::paged_forward_applies(query)) {
     return false;
   }
