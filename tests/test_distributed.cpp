@@ -12,9 +12,11 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -211,17 +213,21 @@ TEST_CASE("ring attention: bad inputs are refused before any transfer", "[distri
 TEST_CASE("a rank that stops makes the others fail within the timeout, naming the transfer",
           "[distributed]") {
   const auto start = std::chrono::steady_clock::now();
-  auto errors = run_ranks<std::string>(
+  auto errors = run_ranks<std::vector<std::string>>(
       3,
-      [](const Group& g) -> std::string {
-        if (g.rank() == 2) return "stopped";  // leaves without taking part
+      [](const Group& g) -> std::vector<std::string> {
+        if (g.rank() == 2) return {"stopped"};  // leaves without taking part
         auto q = torch::ones({1, 2, 8, 4});
-        try {
-          attention::distributed::ring_attention(q, q, q, g);
-        } catch (const c10::Error& e) {
-          return test::message(e);
+        std::vector<std::string> messages;
+        for (int i = 0; i < 2; ++i) {
+          try {
+            attention::distributed::ring_attention(q, q, q, g);
+            messages.push_back("no error");
+          } catch (const c10::Error& e) {
+            messages.push_back(test::message(e));
+          }
         }
-        return "no error";
+        return messages;
       },
       std::chrono::milliseconds(3000));
   const double seconds =
@@ -233,10 +239,152 @@ TEST_CASE("a rank that stops makes the others fail within the timeout, naming th
   REQUIRE(sigaction(SIGPIPE, nullptr, &action) == 0);
   CHECK(action.sa_handler == SIG_IGN);
   for (int r = 0; r < 2; ++r) {
-    INFO(errors[r]);
-    CHECK_THAT(errors[r], test::contains("attention::distributed::ring_attention: rank " +
-                                         std::to_string(r) + " of 3 failed while"));
-    CHECK_THAT(errors[r], test::contains("another rank has probably stopped"));
+    REQUIRE(errors[r].size() == 2);
+    INFO(errors[r][0]);
+    CHECK_THAT(errors[r][0], test::contains("attention::distributed::ring_attention: rank " +
+                                            std::to_string(r) + " of 3 failed while"));
+    CHECK_THAT(errors[r][0], test::contains("the check that every rank has the same sizes"));
+    CHECK_THAT(errors[r][0], test::contains("rank 2 has closed its connection"));
+    CHECK_THAT(errors[r][0], test::contains("The group cannot be used any more"));
+    CHECK(errors[r][0].find("Exception raised from") == std::string::npos);
+    // The group says so at once on the next call.
+    CHECK_THAT(errors[r][1], test::contains("this group failed earlier and cannot be used any "
+                                            "more (make a new one)"));
+  }
+}
+
+TEST_CASE("an input one rank refuses stops every rank at once, with the same message",
+          "[distributed]") {
+  namespace dist = attention::distributed;
+  const std::string path = "distributed_refusal.safetensors";
+  attention::save_weights(
+      *attention::MultiHeadAttention(attention::MultiHeadAttentionOptions(6, 6, 3)), path);
+  // The group's timeout is far above the time allowed: no rank may wait it out.
+  const auto start = std::chrono::steady_clock::now();
+  const auto results = run_ranks<std::vector<std::string>>(
+      3,
+      [&](const Group& g) {
+        std::vector<std::string> messages;
+        const auto record = [&](const std::function<void()>& call) {
+          try {
+            call();
+            messages.push_back("no error");
+          } catch (const c10::Error& e) {
+            messages.push_back(test::message(e));
+          }
+        };
+        const auto q = torch::ones({1, 2, 12, 4});
+        // Rank 1's query has the wrong rank: it refuses, and so must the others.
+        record([&] { dist::ring_attention(g.rank() == 1 ? q.view({2, 12, 4}) : q, q, q, g); });
+        // The group stays in step: the next call works on every rank.
+        messages.push_back(std::to_string(dist::ring_attention(q, q, q, g).size(2)));
+        // A weight file one rank cannot read.
+        record([&] {
+          dist::load_sharded(g.rank() == 2 ? "no_such_file.safetensors" : path,
+                             attention::MultiHeadAttentionOptions(6, 6, 3), g);
+        });
+        // A gather one rank refuses (a dim its shard does not have).
+        record([&] { dist::gather_sequence(q, g.rank() == 0 ? 4 : 2, g, false); });
+        // A head-parallel input one rank refuses (7 features where the module takes 6).
+        dist::HeadParallelMultiHeadAttention part(attention::MultiHeadAttentionOptions(6, 6, 3), g);
+        record([&] { part->forward(torch::ones({1, 3, g.rank() == 2 ? 7 : 6})); });
+        record([&] { part->forward(torch::ones({1, 3, 6})); });
+        return messages;
+      },
+      std::chrono::seconds(60));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds < 20.0);
+  std::remove(path.c_str());
+  REQUIRE(results[0].size() == 6);
+  for (const auto& r : results) CHECK(r == results[0]);
+  CHECK_THAT(results[0][0],
+             test::contains("attention::distributed::ring_attention: rank 1 of 3 failed, so "
+                            "every rank stops here. Rank 1: "));
+  CHECK_THAT(results[0][0], test::contains("expected query of rank 4"));
+  CHECK(results[0][1] == "12");
+  CHECK_THAT(results[0][2], test::contains("attention::distributed::load_sharded: rank 2 of 3 "
+                                           "failed, so every rank stops here. Rank 2: "));
+  CHECK_THAT(results[0][2], test::contains("no_such_file.safetensors"));
+  CHECK_THAT(results[0][3], test::contains("attention::distributed::gather_sequence: rank 0 of 3 "
+                                           "failed, so every rank stops here. Rank 0: "));
+  CHECK_THAT(results[0][3], test::contains("expected dim in [-4, 4)"));
+  CHECK_THAT(results[0][4], test::contains("HeadParallelMultiHeadAttention: rank 2 of 3 failed, so "
+                                           "every rank stops here. Rank 2: "));
+  CHECK(results[0][5] == "no error");
+}
+
+TEST_CASE("check_same: many values, and errors of other types, reach every rank alike",
+          "[distributed]") {
+  // More values than fit the first exchange: the second carries them.
+  auto errors = run_ranks<std::string>(3, [](const Group& g) -> std::string {
+    std::vector<int64_t> values(40, 7);
+    if (g.rank() == 2) values[39] = 8;
+    try {
+      g.check_same(values, "many values", "test");
+    } catch (const c10::ValueError& e) {
+      return test::message(e);
+    }
+    return "no error";
+  });
+  for (const auto& e : errors) {
+    CHECK(e == errors[0]);
+    CHECK_THAT(e, test::contains("test: every rank must pass the same many values; rank 0 has "
+                                 "[7, 7,"));
+    CHECK_THAT(e, test::contains("rank 2 has [7, "));
+    CHECK_THAT(e, test::contains(", 8]"));
+  }
+  // A type error on one rank arrives as a type error on every rank.
+  const auto types = run_ranks<std::string>(2, [](const Group& g) -> std::string {
+    std::exception_ptr error;
+    if (g.rank() == 0) {
+      try {
+        TORCH_CHECK_TYPE(false, "rank zero's own type error");
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    try {
+      g.check_same({1, 2}, "values", "test", error);
+    } catch (const c10::TypeError& e) {
+      return test::message(e);
+    }
+    return "no type error";
+  });
+  CHECK(types[0] == types[1]);
+  CHECK_THAT(types[1], test::contains("Rank 0: rank zero's own type error"));
+}
+
+TEST_CASE("Group::all_gather and all_reduce_sum refuse shapes that differ between ranks",
+          "[distributed]") {
+  auto errors = run_ranks<std::string>(2, [](const Group& g) -> std::string {
+    try {
+      g.all_gather(torch::ones({g.rank() + 1}), "test");
+    } catch (const c10::ValueError& e) {
+      return test::message(e);
+    }
+    return "no error";
+  });
+  CHECK(errors[0] == errors[1]);
+  CHECK_THAT(errors[0], test::contains("test: every rank must pass the same dtype and shape of "
+                                       "the tensor to gather; rank 0 has [6, 1], rank 1 has [6, "
+                                       "2]"));
+  errors = run_ranks<std::string>(3, [](const Group& g) -> std::string {
+    auto t = torch::full({5}, static_cast<double>(g.rank()), torch::kDouble);
+    g.all_reduce_sum(t, "test");
+    TORCH_CHECK(torch::equal(t, torch::full({5}, 3.0, torch::kDouble)), "wrong sum ", t);
+    auto bad = g.rank() == 1 ? torch::ones({4, 4}).t() : torch::ones({4, 4});
+    try {
+      g.all_reduce_sum(bad, "test");
+    } catch (const c10::ValueError& e) {
+      return test::message(e);
+    }
+    return "no error";
+  });
+  for (const auto& e : errors) {
+    CHECK(e == errors[0]);
+    CHECK_THAT(e, test::contains("test: rank 1 of 3 failed, so every rank stops here. Rank 1: "
+                                 "test: all_reduce_sum expected a contiguous tensor"));
   }
 }
 

@@ -1,5 +1,5 @@
-// The process group: torchrun's environment or a store, c10d's Gloo backend, and the collectives
-// the distributed modules use, each bounded by the group's timeout.
+// The process group: torchrun's environment or a store, and c10d's Gloo backend connecting the
+// ranks (the transfers are in transfers.cpp, the collectives in collectives.cpp).
 
 #include "distributed/group_state.h"
 
@@ -7,7 +7,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <cerrno>
 #include <csignal>
@@ -74,29 +73,6 @@ void ignore_sigpipe_by_default() {
 
 }  // namespace
 
-WorkPtr GroupState::send(torch::Tensor& tensor, int64_t to, int tag) {
-  std::vector<torch::Tensor> tensors{tensor};
-  bytes_sent += static_cast<int64_t>(tensor.nbytes());
-  return gloo->send(tensors, static_cast<int>(to), tag);
-}
-
-WorkPtr GroupState::recv(torch::Tensor& tensor, int64_t from, int tag) {
-  std::vector<torch::Tensor> tensors{tensor};
-  return gloo->recv(tensors, static_cast<int>(from), tag);
-}
-
-void GroupState::wait(const WorkPtr& work, const std::string& what, const char* caller) const {
-  try {
-    work->wait(timeout);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, caller, ": rank ", rank, " of ", size, " failed while ", what, " (timeout ",
-                timeout.count(),
-                " ms); another rank has probably stopped or is not making the same calls. "
-                "c10d says: ",
-                e.what());
-  }
-}
-
 Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world_size,
                     const GroupOptions& options) {
   const char* caller = "attention::distributed::Group::create";
@@ -120,7 +96,7 @@ Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, 
   } catch (const std::exception& e) {
     TORCH_CHECK(false, caller, ": rank ", rank, " of ", world_size,
                 " could not connect to the other ranks within ", options.timeout().count(),
-                " ms. c10d says: ", e.what());
+                " ms. c10d says: ", message_of(e));
   }
   return Group(std::move(state));
 }
@@ -148,7 +124,7 @@ Group Group::from_env(const GroupOptions& options) {
   } catch (const std::exception& e) {
     TORCH_CHECK(false, caller, ": rank ", rank, " of ", world_size,
                 " could not reach the store at ", addr, ":", port, " within ",
-                options.timeout().count(), " ms. c10d says: ", e.what());
+                options.timeout().count(), " ms. c10d says: ", message_of(e));
   }
   return create(store, rank, world_size, options);
 }
@@ -167,54 +143,6 @@ std::chrono::milliseconds Group::timeout() const {
 
 int64_t Group::bytes_sent() const {
   return state_->bytes_sent.load();
-}
-
-void Group::all_reduce_sum(torch::Tensor& tensor, const char* caller) const {
-  TORCH_CHECK_VALUE(tensor.defined() && tensor.device().is_cpu() && tensor.is_contiguous(), caller,
-                    ": all_reduce_sum expected a contiguous CPU tensor");
-  if (state_->size == 1) return;
-  std::vector<torch::Tensor> tensors{tensor};
-  // A ring all-reduce sends about twice the tensor's bytes from each rank.
-  state_->bytes_sent +=
-      2 * static_cast<int64_t>(tensor.nbytes()) * (state_->size - 1) / state_->size;
-  state_->wait(state_->gloo->allreduce(tensors),
-               fmt::format("summing a tensor of shape {} over the ranks", tensor.sizes()), caller);
-}
-
-std::vector<torch::Tensor> Group::all_gather(const torch::Tensor& tensor,
-                                             const char* caller) const {
-  auto input = tensor.contiguous();
-  if (state_->size == 1) return {input};
-  std::vector<std::vector<torch::Tensor>> outputs(1);
-  for (int64_t r = 0; r < state_->size; ++r) outputs[0].push_back(torch::empty_like(input));
-  std::vector<torch::Tensor> inputs{input};
-  state_->bytes_sent += static_cast<int64_t>(input.nbytes()) * (state_->size - 1);
-  state_->wait(state_->gloo->allgather(outputs, inputs),
-               fmt::format("gathering a tensor of shape {} from every rank", input.sizes()),
-               caller);
-  return outputs[0];
-}
-
-void Group::check_same(const std::vector<int64_t>& values, const char* what,
-                       const char* caller) const {
-  if (state_->size == 1) return;
-  // Gathered with their count first, so that ranks passing different numbers of values do not
-  // make a gather of mismatched sizes.
-  auto counts = all_gather(torch::tensor({static_cast<int64_t>(values.size())}), caller);
-  for (int64_t r = 0; r < state_->size; ++r) {
-    TORCH_CHECK_VALUE(counts[r].item<int64_t>() == static_cast<int64_t>(values.size()), caller,
-                      ": every rank must pass the same ", what, "; rank ", state_->rank, " has ",
-                      values.size(), " values, rank ", r, " has ", counts[r].item<int64_t>());
-  }
-  if (values.empty()) return;
-  auto all = all_gather(torch::tensor(values), caller);
-  for (int64_t r = 0; r < state_->size; ++r) {
-    const auto theirs = std::vector<int64_t>(all[r].data_ptr<int64_t>(),
-                                             all[r].data_ptr<int64_t>() + all[r].numel());
-    TORCH_CHECK_VALUE(theirs == values, caller, ": every rank must pass the same ", what, "; rank ",
-                      state_->rank, " has ", fmt::format("{}", values), ", rank ", r, " has ",
-                      fmt::format("{}", theirs));
-  }
 }
 
 }  // namespace distributed

@@ -4,8 +4,12 @@
 #include <attention/distributed/sequence_split.h>
 
 #include "checks.h"
+#include "distributed/group_state.h"
 
 #include <torch/torch.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <vector>
 
@@ -41,12 +45,25 @@ Tensor shard_sequence(const Tensor& full, int64_t dim, const Group& group, bool 
 
 Tensor gather_sequence(const Tensor& local, int64_t dim, const Group& group, bool balanced) {
   const char* caller = "attention::distributed::gather_sequence";
-  dim = checked_dim(local, dim, caller);
-  group.check_same(local.sizes().vec(), "shape", caller);
-  TORCH_CHECK_VALUE(!balanced || local.size(dim) % 2 == 0, caller,
-                    ": a balanced shard holds two chunks, so an even length along dim ", dim,
-                    "; got ", local.size(dim));
-  const auto shards = group.all_gather(local.detach().cpu(), caller);
+  // A shard one rank refuses stops every rank at once (check_same carries the refusal).
+  std::exception_ptr error;
+  try {
+    dim = checked_dim(local, dim, caller);
+    TORCH_CHECK_VALUE(!balanced || local.size(dim) % 2 == 0, caller,
+                      ": a balanced shard holds two chunks, so an even length along dim ", dim,
+                      "; got ", local.size(dim));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::vector<int64_t> values{-1};
+  if (!error) {
+    values = {dim, balanced, static_cast<int64_t>(local.scalar_type())};
+    values.insert(values.end(), local.sizes().begin(), local.sizes().end());
+  }
+  group.check_same(values, "dim, split, dtype and shape", caller, error);
+  const auto shards = gather_same(
+      *group.state(), local.detach().cpu(),
+      fmt::format("a shard of shape {} gathered from every rank", local.sizes()), caller);
   const int64_t w = group.size();
   if (!balanced) return torch::cat(shards, dim).to(local.device());
   const int64_t chunk = local.size(dim) / 2;
