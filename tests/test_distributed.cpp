@@ -142,6 +142,38 @@ TEST_CASE("ring attention equals one process, forward and backward, on 1 to 4 ra
   }
 }
 
+TEST_CASE("gather_sequence carries the gradient of a loss over the whole sequence",
+          "[distributed]") {
+  for (const bool causal : {true, false}) {
+    RingCase c;
+    c.causal = causal;
+    const Grads expected = one_process(c);
+    const auto in = ring_inputs(c);
+    const auto ranks = run_ranks<Grads>(3, [&](const Group& g) {
+      using attention::distributed::gather_sequence;
+      using attention::distributed::shard_sequence;
+      auto shard = [&](const Tensor& t) {
+        return shard_sequence(t, 2, g, causal).contiguous().requires_grad_();
+      };
+      auto q = shard(in[0]), k = shard(in[1]), v = shard(in[2]);
+      auto out = attention::distributed::ring_attention(
+          q, k, v, g, attention::distributed::RingAttentionOptions().is_causal(causal));
+      // Every rank computes the same loss on the whole output.
+      auto whole = gather_sequence(out, 2, g, causal);
+      (whole * in[3]).sum().backward();
+      auto gather = [&](const Tensor& t) { return gather_sequence(t, 2, g, causal); };
+      return Grads{whole.detach(), gather(q.grad()), gather(k.grad()), gather(v.grad())};
+    });
+    for (const auto& r : ranks) {
+      INFO("causal " << causal);
+      CHECK(test::max_abs_diff(r.out, expected.out) <= 1e-5);
+      CHECK(test::max_abs_diff(r.dq, expected.dq) <= 1e-5);
+      CHECK(test::max_abs_diff(r.dk, expected.dk) <= 1e-5);
+      CHECK(test::max_abs_diff(r.dv, expected.dv) <= 1e-5);
+    }
+  }
+}
+
 TEST_CASE("ring attention: long local blocks, GQA, double precision", "[distributed]") {
   RingCase c;
   c.length = 1200;  // 300 keys per chunk on 2 ranks: blocks of 128 do not divide them

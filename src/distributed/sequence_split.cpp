@@ -6,6 +6,7 @@
 #include "checks.h"
 #include "distributed/group_state.h"
 
+#include <torch/autograd.h>
 #include <torch/torch.h>
 
 #include <fmt/format.h>
@@ -28,6 +29,47 @@ int64_t checked_dim(const Tensor& t, int64_t dim, const char* caller) {
   return dim < 0 ? dim + t.dim() : dim;
 }
 
+// This rank's positions of a whole sequence: chunk r of W, or chunks r and 2W-1-r of 2W.
+Tensor own_positions(const Tensor& full, int64_t dim, int64_t w, int64_t r, bool balanced) {
+  const int64_t chunk = full.size(dim) / (balanced ? 2 * w : w);
+  if (!balanced) return full.narrow(dim, r * chunk, chunk);
+  return torch::cat(
+      {full.narrow(dim, r * chunk, chunk), full.narrow(dim, (2 * w - 1 - r) * chunk, chunk)}, dim);
+}
+
+// The gather as an autograd function: the gradient of the whole sequence reaches each rank's
+// shard as its own positions of it, without communication.
+class GatherSequence : public torch::autograd::Function<GatherSequence> {
+ public:
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& local, int64_t dim,
+                        bool balanced, const Group& group) {
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["balanced"] = balanced;
+    ctx->saved_data["world"] = group.size();
+    ctx->saved_data["rank"] = group.rank();
+    const auto shards =
+        gather_same(*group.state(), local.detach().cpu(),
+                    fmt::format("a shard of shape {} gathered from every rank", local.sizes()),
+                    "attention::distributed::gather_sequence");
+    const int64_t w = group.size();
+    if (!balanced) return torch::cat(shards, dim).to(local.device());
+    const int64_t chunk = local.size(dim) / 2;
+    std::vector<Tensor> pieces(2 * w);
+    for (int64_t r = 0; r < w; ++r) {
+      pieces[r] = shards[r].narrow(dim, 0, chunk);
+      pieces[2 * w - 1 - r] = shards[r].narrow(dim, chunk, chunk);
+    }
+    return torch::cat(pieces, dim).to(local.device());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto& saved = ctx->saved_data;
+    return {own_positions(grads[0], saved.at("dim").toInt(), saved.at("world").toInt(),
+                          saved.at("rank").toInt(), saved.at("balanced").toBool()),
+            Tensor(), Tensor(), Tensor()};
+  }
+};
+
 }  // namespace
 
 Tensor shard_sequence(const Tensor& full, int64_t dim, const Group& group, bool balanced) {
@@ -37,10 +79,7 @@ Tensor shard_sequence(const Tensor& full, int64_t dim, const Group& group, bool 
   TORCH_CHECK_VALUE(full.size(dim) % pieces == 0, caller, ": expected a length along dim ", dim,
                     " divisible by ", pieces, " (", balanced ? "2 x " : "", w, " ranks), got ",
                     full.size(dim));
-  const int64_t chunk = full.size(dim) / pieces;
-  if (!balanced) return full.narrow(dim, r * chunk, chunk);
-  return torch::cat(
-      {full.narrow(dim, r * chunk, chunk), full.narrow(dim, (2 * w - 1 - r) * chunk, chunk)}, dim);
+  return own_positions(full, dim, w, r, balanced);
 }
 
 Tensor gather_sequence(const Tensor& local, int64_t dim, const Group& group, bool balanced) {
@@ -61,18 +100,7 @@ Tensor gather_sequence(const Tensor& local, int64_t dim, const Group& group, boo
     values.insert(values.end(), local.sizes().begin(), local.sizes().end());
   }
   group.check_same(values, "dim, split, dtype and shape", caller, error);
-  const auto shards = gather_same(
-      *group.state(), local.detach().cpu(),
-      fmt::format("a shard of shape {} gathered from every rank", local.sizes()), caller);
-  const int64_t w = group.size();
-  if (!balanced) return torch::cat(shards, dim).to(local.device());
-  const int64_t chunk = local.size(dim) / 2;
-  std::vector<Tensor> pieces(2 * w);
-  for (int64_t r = 0; r < w; ++r) {
-    pieces[r] = shards[r].narrow(dim, 0, chunk);
-    pieces[2 * w - 1 - r] = shards[r].narrow(dim, chunk, chunk);
-  }
-  return torch::cat(pieces, dim).to(local.device());
+  return GatherSequence::apply(local, dim, balanced, group);
 }
 
 }  // namespace distributed

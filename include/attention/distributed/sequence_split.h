@@ -18,7 +18,22 @@ ATTENTION_DISTRIBUTED_API torch::Tensor shard_sequence(const torch::Tensor& full
                                                        const Group& group, bool balanced);
 
 /// The inverse of shard_sequence(): every rank's shard gathered and put back in order, on every
-/// rank. Differentiable for none of its inputs (it is for checks and outputs).
+/// rank. Every rank must pass a shard of the same shape and dtype, split the same way; a shard
+/// one rank refuses (a `dim` it does not have, an odd balanced length) makes every rank throw its
+/// error at once. Differentiable in `local`: the gradient of the whole sequence reaches each
+/// rank's shard as that rank's positions of it, which is the gradient of a loss that every rank
+/// computes alike on the whole sequence (a sum of different losses per rank would need their
+/// gradients summed over the ranks first).
+///
+/// Example:
+/// \code
+/// auto group = attention::distributed::Group::from_env();
+/// auto local = attention::distributed::shard_sequence(torch::randn({1, 4, 64, 16}), 2, group,
+///                                                     /*balanced=*/true)
+///                  .requires_grad_();
+/// auto whole = attention::distributed::gather_sequence(local, 2, group, /*balanced=*/true);
+/// whole.pow(2).sum().backward();  // local.grad() is 2 * local
+/// \endcode
 ATTENTION_DISTRIBUTED_API torch::Tensor gather_sequence(const torch::Tensor& local, int64_t dim,
                                                         const Group& group, bool balanced);
 
