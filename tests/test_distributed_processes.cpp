@@ -147,7 +147,10 @@ void check_survivor(const Outcome& o, const std::vector<std::string>& fragments)
 }
 
 // Starts 3 ranks, of which `victim` dies in `phase` ("forward" or "backward"), and checks that
-// the two survivors report the operation, the phase's step and the dead rank.
+// the two survivors report the operation, the phase's step and a peer that closed its
+// connection. The first survivor to fail can only have seen the victim's connection close, so at
+// least one names the victim; the other may see that survivor close first (it gave up and
+// ended), and names it as a peer that stopped or gave up.
 void kill_one_of_three(int victim, const std::string& phase) {
   const int port = free_port();
   std::vector<Rank> ranks;
@@ -159,13 +162,18 @@ void kill_one_of_three(int victim, const std::string& phase) {
   std::vector<Outcome> outcomes;
   for (const auto& r : ranks) outcomes.push_back(finish(r));
   CHECK(outcomes[victim].signal == SIGKILL);
+  const std::string victim_closed = fmt::format("rank {} has closed its connection", victim);
+  int naming_victim = 0;
   for (int r = 0; r < 3; ++r) {
     if (r == victim) continue;
     check_survivor(
         outcomes[r],
         {fmt::format("attention::distributed::ring_attention: rank {} of 3 failed while ", r),
-         "of " + phase + " step", fmt::format("rank {} has closed its connection", victim)});
+         "of " + phase + " step", "has closed its connection: it has stopped, or has given up"});
+    CHECK(outcomes[r].message.find(fmt::format("rank {} has closed", r)) == std::string::npos);
+    if (outcomes[r].message.find(victim_closed) != std::string::npos) ++naming_victim;
   }
+  CHECK(naming_victim >= 1);
 }
 
 }  // namespace killed_rank
