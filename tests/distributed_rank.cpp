@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
       }).detach();
     }
     start = Clock::now();
-    auto out = dist::ring_attention(q, k, v, group, dist::RingAttentionOptions().is_causal(true));
+    auto out = dist::ring_attention(q, k, v, group,
+                                    dist::RingAttentionOptions().is_causal(true).balanced(true));
     // Dying in the backward: when autograd reaches ring attention's backward on this rank.
     if (die_in == "backward") {
       out.register_hook([](const torch::Tensor& grad) {

@@ -58,6 +58,7 @@ std::vector<Result> run_ranks(int64_t world, const std::function<Result(const Gr
 struct RingCase {
   int64_t batch = 2, heads = 4, kv_heads = 2, length = 48, d = 8, dv = 8;
   bool causal = true, padding = false;
+  bool balanced = true;  // how the shards are made (shard_sequence's `balanced`)
   int64_t block = 256;
   torch::Dtype dtype = torch::kFloat;
 };
@@ -96,14 +97,16 @@ Grads one_process(const RingCase& c) {
 Grads ring(const RingCase& c, const std::vector<Tensor>& in, const Group& group) {
   using attention::distributed::gather_sequence;
   using attention::distributed::shard_sequence;
-  const bool balanced = c.causal;
+  const bool balanced = c.balanced;
   auto shard = [&](const Tensor& t, int64_t dim) {
     return shard_sequence(t, dim, group, balanced).contiguous();
   };
   auto q = shard(in[0], 2).requires_grad_(), k = shard(in[1], 2).requires_grad_(),
        v = shard(in[2], 2).requires_grad_();
-  auto options =
-      attention::distributed::RingAttentionOptions().is_causal(c.causal).block_size(c.block);
+  auto options = attention::distributed::RingAttentionOptions()
+                     .is_causal(c.causal)
+                     .balanced(c.balanced)
+                     .block_size(c.block);
   if (c.padding) options.key_padding_mask(shard(in[4], 1));
   auto out = attention::distributed::ring_attention(q, k, v, group, options);
   out.backward(shard(in[3], 2));
@@ -117,7 +120,8 @@ void check_ring(const RingCase& c, int64_t world, double tolerance) {
   const auto inputs = ring_inputs(c);
   const auto ranks = run_ranks<Grads>(world, [&](const Group& g) { return ring(c, inputs, g); });
   for (int64_t r = 0; r < world; ++r) {
-    INFO("rank " << r << " of " << world << ", causal " << c.causal << ", padding " << c.padding);
+    INFO("rank " << r << " of " << world << ", causal " << c.causal << ", balanced " << c.balanced
+                 << ", padding " << c.padding);
     CHECK(test::max_abs_diff(ranks[r].out, expected.out) <= tolerance);
     CHECK(test::max_abs_diff(ranks[r].dq, expected.dq) <= tolerance);
     CHECK(test::max_abs_diff(ranks[r].dk, expected.dk) <= tolerance);
@@ -131,15 +135,31 @@ TEST_CASE("ring attention equals one process, forward and backward, on 1 to 4 ra
           "[distributed]") {
   for (int64_t world = 1; world <= 4; ++world) {
     for (bool causal : {false, true}) {
-      for (bool padding : {false, true}) {
-        RingCase c;
-        c.causal = causal;
-        c.padding = padding;
-        c.length = 48;  // 2 x 4 x 6: the balanced split of every world size here
-        check_ring(c, world, 1e-5);
+      for (bool balanced : {true, false}) {
+        for (bool padding : {false, true}) {
+          RingCase c;
+          c.causal = causal;
+          c.balanced = balanced;
+          c.padding = padding;
+          c.length = 48;  // 2 x 4 x 6: both splits of every world size here
+          check_ring(c, world, 1e-5);
+        }
       }
     }
   }
+}
+
+TEST_CASE("causal ring attention over the contiguous split: odd local lengths, GQA",
+          "[distributed]") {
+  RingCase c;
+  c.balanced = false;
+  c.length = 45;  // 15 positions per rank on 3 ranks, 9 on 5
+  c.heads = 6;
+  c.kv_heads = 2;
+  c.block = 4;
+  c.padding = true;
+  check_ring(c, 3, 1e-5);
+  check_ring(c, 5, 1e-5);
 }
 
 TEST_CASE("gather_sequence carries the gradient of a loss over the whole sequence",
@@ -157,7 +177,8 @@ TEST_CASE("gather_sequence carries the gradient of a loss over the whole sequenc
       };
       auto q = shard(in[0]), k = shard(in[1]), v = shard(in[2]);
       auto out = attention::distributed::ring_attention(
-          q, k, v, g, attention::distributed::RingAttentionOptions().is_causal(causal));
+          q, k, v, g,
+          attention::distributed::RingAttentionOptions().is_causal(causal).balanced(causal));
       // Every rank computes the same loss on the whole output.
       auto whole = gather_sequence(out, 2, g, causal);
       (whole * in[3]).sum().backward();
@@ -172,6 +193,59 @@ TEST_CASE("gather_sequence carries the gradient of a loss over the whole sequenc
       CHECK(test::max_abs_diff(r.dv, expected.dv) <= 1e-5);
     }
   }
+}
+
+TEST_CASE("pad_to_split: ring attention over a length no split divides, cut back after",
+          "[distributed]") {
+  using attention::distributed::gather_sequence;
+  using attention::distributed::pad_to_split;
+  using attention::distributed::RingAttentionOptions;
+  using attention::distributed::shard_sequence;
+  struct Padded {
+    Tensor out;
+    int64_t length, padded_length;
+  };
+  for (const bool causal : {true, false}) {
+    RingCase c;
+    c.causal = causal;
+    c.length = 50;  // 3 ranks: padded to 54 (balanced) and 51 (contiguous)
+    const auto in = ring_inputs(c);
+    const Grads expected = one_process(c);
+    const auto ranks = run_ranks<Padded>(3, [&](const Group& g) {
+      const auto padded = pad_to_split(in[0], 2, g, causal);
+      auto part = [&](const Tensor& t) {
+        return shard_sequence(pad_to_split(t, 2, g, causal).padded, 2, g, causal);
+      };
+      const auto& padding = padded.padding;
+      const auto mask = shard_sequence(padding.expand({c.batch, padding.size(0)}), 1, g, causal);
+      const auto out = attention::distributed::ring_attention(
+          part(in[0]), part(in[1]), part(in[2]), g,
+          RingAttentionOptions().is_causal(causal).balanced(causal).key_padding_mask(mask));
+      return Padded{gather_sequence(out, 2, g, causal).narrow(2, 0, padded.length), padded.length,
+                    padded.padded.size(2)};
+    });
+    for (const auto& r : ranks) {
+      INFO("causal " << causal);
+      CHECK(r.length == 50);
+      CHECK(r.padded_length == (causal ? 54 : 51));
+      CHECK(test::max_abs_diff(r.out, expected.out) <= 1e-5);
+    }
+  }
+  run_ranks<int>(1, [](const Group& g) {
+    // Already divisible: the same tensor, no padding.
+    const auto x = torch::randn({2, 8, 3});
+    const auto p = pad_to_split(x, 1, g, true);
+    CHECK(p.padded.data_ptr() == x.data_ptr());
+    CHECK(p.padding.sum().item<int64_t>() == 0);
+    CHECK(pad_to_split(x, 0, g, true).padding.equal(torch::tensor({false, false})));
+    CHECK(pad_to_split(x, 2, g, true).padding.equal(torch::tensor({false, false, false, true})));
+    CHECK_THROWS_C10(pad_to_split(x, 3, g, true), c10::ValueError,
+                     "attention::distributed::pad_to_split: expected dim in [-3, 3) for a tensor "
+                     "of rank 3, got 3");
+    CHECK_THROWS_C10(pad_to_split(torch::Tensor(), 0, g, true), c10::ValueError,
+                     "expected a tensor of rank >= 1, got an undefined tensor");
+    return 0;
+  });
 }
 
 TEST_CASE("ring attention: long local blocks, GQA, double precision", "[distributed]") {
@@ -221,9 +295,16 @@ TEST_CASE("ring attention: bad inputs are refused before any transfer", "[distri
                      "expected query, key and value of one dtype");
     CHECK_THROWS_C10(ring_attention(q.to(torch::kInt), q, q, g), c10::TypeError,
                      "expected query of dtype float or double, got (1, 4, 6, 8) Int");
+    CHECK_THROWS_C10(ring_attention(q, q, q, g, RingAttentionOptions().is_causal(true)),
+                     c10::ValueError,
+                     "a causal call needs to know how the shards were made: set "
+                     "RingAttentionOptions::balanced to shard_sequence's `balanced` (true or "
+                     "false)");
     CHECK_THROWS_C10(ring_attention(q.narrow(2, 0, 5), q.narrow(2, 0, 5), q.narrow(2, 0, 5), g,
-                                    RingAttentionOptions().is_causal(true)),
-                     c10::ValueError, "causal ring attention needs the balanced split");
+                                    RingAttentionOptions().is_causal(true).balanced(true)),
+                     c10::ValueError,
+                     "shards of the balanced split (an early and a late chunk per rank) have an "
+                     "even local length; got 5");
     CHECK_THROWS_C10(
         ring_attention(q, q, q, g, RingAttentionOptions().key_padding_mask(torch::zeros({1, 6}))),
         c10::TypeError, "expected a bool key_padding_mask (true = padding)");

@@ -1,8 +1,10 @@
 // attention::distributed with real processes, started here without torchrun so that one of them
-// can die: a rank killed (SIGKILL) in ring attention's forward and in its backward. The
-// survivors must each report a c10::Error (not Gloo's own exception, a crash or a hang) naming
-// the operation, the step and the dead rank, within the group's timeout plus a margin. Each rank
-// is tests/distributed_rank.cpp; a run takes about 2 s, most of it loading LibTorch.
+// can die or never come: a rank killed (SIGKILL) in ring attention's forward and in its backward,
+// a rank that never starts, and a port held by a program that accepts connections and never
+// answers. The others must each report a c10::Error (not Gloo's own exception, a crash or a hang)
+// naming the operation or the start-up, the step and the peer, within the group's timeout plus a
+// margin. Each rank is tests/distributed_rank.cpp; a run takes about 2 s, most of it loading
+// LibTorch.
 
 #include "helpers.h"
 
@@ -47,6 +49,24 @@ int free_port() {
   close(fd);
   return ntohs(address.sin_port);
 }
+
+// A port held by a program that listens and never answers: connections complete (into its
+// backlog) and nothing is ever read or written.
+struct SilentListener {
+  int fd = -1, port = 0;
+  SilentListener() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+    REQUIRE(listen(fd, 64) == 0);
+    socklen_t length = sizeof address;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    port = ntohs(address.sin_port);
+  }
+  ~SilentListener() { close(fd); }
+};
 
 // tests/distributed_rank.cpp's program, which the build puts beside this one.
 std::string rank_program() {
@@ -184,4 +204,32 @@ TEST_CASE("processes: a rank killed in ring attention's forward", "[distributed]
 
 TEST_CASE("processes: a rank killed in ring attention's backward", "[distributed][processes]") {
   killed_rank::kill_one_of_three(1, "backward");
+}
+
+TEST_CASE("processes: a rank that never starts", "[distributed][processes]") {
+  // Ranks 0 and 1 of 3: each fails once, within the timeout (not the store's wait for its workers
+  // and then Gloo's connections, a timeout each).
+  const int port = killed_rank::free_port();
+  std::vector<killed_rank::Rank> ranks;
+  for (int r = 0; r < 2; ++r) ranks.push_back(killed_rank::start_rank(r, 3, port, {}));
+  for (int r = 0; r < 2; ++r) {
+    killed_rank::check_survivor(
+        killed_rank::finish(ranks[r]),
+        {fmt::format("attention::distributed::Group::from_env: rank {} of 3 could not connect", r),
+         fmt::format("within {} ms", killed_rank::kTimeoutMs)});
+  }
+}
+
+TEST_CASE("processes: a port held by a program that never answers", "[distributed][processes]") {
+  const killed_rank::SilentListener holder;
+  const std::string at = fmt::format("the store at 127.0.0.1:{}", holder.port);
+  // A worker reaches the port and never hears back; rank 0 cannot host the store on it.
+  const auto worker = killed_rank::start_rank(1, 2, holder.port, {});
+  const auto host = killed_rank::start_rank(0, 2, holder.port, {});
+  killed_rank::check_survivor(
+      killed_rank::finish(worker),
+      {"attention::distributed::Group::from_env: rank 1 of 2 could not", at});
+  killed_rank::check_survivor(
+      killed_rank::finish(host),
+      {"attention::distributed::Group::from_env: rank 0 of 2 could not host " + at});
 }

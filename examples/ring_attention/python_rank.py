@@ -74,7 +74,8 @@ def ring_attention(group, q, k, v):
     """Causal ring attention on the balanced shards, merged through the log-sum-exp."""
     rank, world = group.rank(), group.size()
     local, chunk = q.shape[2], q.shape[2] // 2
-    check_same(group, [BATCH, HEADS, KV_HEADS, local, D, D, FLOAT, 1, 0, 0, 0, BLOCK])
+    # (B, H, Hkv, T_local, d, dv, dtype, causal, balanced, padding, scale set, scale bits, block)
+    check_same(group, [BATCH, HEADS, KV_HEADS, local, D, D, FLOAT, 1, 1, 0, 0, 0, BLOCK])
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:3], -torch.inf)
     current = torch.cat([k.flatten(), v.flatten()])

@@ -5,9 +5,10 @@
 // is the attention over the whole sequence. Sending the next block is started before the
 // kernel runs on the current one, so the transfer overlaps the work.
 //
-// Causal attention splits the sequence into 2W chunks and gives rank r chunks r and 2W-1-r: a
-// query chunk i sees key chunks j < i in full, j = i through the causal mask and j > i not at all,
-// and this split gives every rank the same number of visible (query, key) chunk pairs.
+// Causal attention over the balanced split has the sequence in 2W chunks, rank r holding chunks r
+// and 2W-1-r, which gives every rank the same number of visible (query, key) chunk pairs; over
+// the contiguous split, W chunks, rank r holding chunk r. Either way a query chunk i sees key
+// chunks j < i in full, j = i through the causal mask and j > i not at all.
 //
 // Backward sends the keys and values around once more, with the gradients of their keys and
 // values: each rank adds its queries' share to the block it holds and passes both on, and after W
@@ -39,15 +40,15 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 struct Plan {
   std::shared_ptr<GroupState> group;
   int64_t batch = 0, heads = 0, kv_heads = 0, local = 0, d = 0, dv = 0;
-  bool causal = false, masked = false;
+  bool causal = false, balanced = false, masked = false;
   c10::optional<double> scale;
   int64_t block = 256;
-  // Chunks per rank (2 when causal, else 1) and positions per chunk.
+  // Chunks per rank (2 when causal over the balanced split, else 1) and positions per chunk.
   int64_t chunks = 1, chunk = 0;
 
   // The position of local chunk c of rank `owner` among the 2W (or W) chunks of the sequence.
   int64_t chunk_index(int64_t owner, int64_t c) const {
-    return causal ? (c == 0 ? owner : 2 * group->size - 1 - owner) : owner;
+    return chunks == 2 ? (c == 0 ? owner : 2 * group->size - 1 - owner) : owner;
   }
   // The rank whose keys and values a rank holds at ring step s.
   int64_t owner_at(int64_t step) const {
@@ -305,9 +306,14 @@ Plan local_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& 
   TORCH_CHECK_VALUE(p.block >= 1, kCaller, ": expected a positive block_size, got ", p.block);
   TORCH_CHECK_VALUE(!p.scale || std::isfinite(*p.scale), kCaller, ": expected a finite scale, got ",
                     p.scale ? *p.scale : 0.0);
-  TORCH_CHECK_VALUE(!p.causal || p.local % 2 == 0, kCaller,
-                    ": causal ring attention needs the balanced split of shard_sequence (an early "
-                    "and a late chunk per rank), so an even local length; got ",
+  TORCH_CHECK_VALUE(
+      !p.causal || options.balanced().has_value(), kCaller,
+      ": a causal call needs to know how the shards were made: set "
+      "RingAttentionOptions::balanced to shard_sequence's `balanced` (true or false)");
+  p.balanced = p.causal && *options.balanced();
+  TORCH_CHECK_VALUE(!p.balanced || p.local % 2 == 0, kCaller,
+                    ": shards of the balanced split (an early and a late chunk per rank) have an "
+                    "even local length; got ",
                     p.local);
   const auto& mask = options.key_padding_mask();
   p.masked = mask.defined();
@@ -318,7 +324,7 @@ Plan local_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& 
                       kCaller, ": expected key_padding_mask of shape (", p.batch, ", ", p.local,
                       ") for this rank's keys, got ", describe(mask));
   }
-  p.chunks = p.causal ? 2 : 1;
+  p.chunks = p.balanced ? 2 : 1;
   p.chunk = p.local / p.chunks;
   return p;
 }
@@ -347,15 +353,17 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& g
               p.dv,
               static_cast<int64_t>(q.scalar_type()),
               p.causal,
+              p.balanced,
               p.masked,
               p.scale.has_value(),
               scale_bits,
               p.block};
   }
-  group.check_same(values,
-                   "sizes and options (B, H, Hkv, T_local, d, dv, dtype, causal, padding, "
-                   "scale set, scale bits, block_size)",
-                   kCaller, error);
+  group.check_same(
+      values,
+      "sizes and options (B, H, Hkv, T_local, d, dv, dtype, causal, balanced, padding, "
+      "scale set, scale bits, block_size)",
+      kCaller, error);
   return p;
 }
 

@@ -1,5 +1,5 @@
 // The split of a sequence across the ranks: contiguous, or balanced for causal attention (chunks
-// r and 2W-1-r of 2W), and the gather that undoes it.
+// r and 2W-1-r of 2W), the gather that undoes it, and the padding that lets any length split.
 
 #include <attention/distributed/sequence_split.h>
 
@@ -71,6 +71,24 @@ class GatherSequence : public torch::autograd::Function<GatherSequence> {
 };
 
 }  // namespace
+
+PaddedSequence pad_to_split(const Tensor& full, int64_t dim, const Group& group, bool balanced) {
+  dim = checked_dim(full, dim, "attention::distributed::pad_to_split");
+  const int64_t pieces = balanced ? 2 * group.size() : group.size();
+  PaddedSequence out;
+  out.length = full.size(dim);
+  // A tensor's length times its element size fits in memory, so this cannot overflow.
+  const int64_t padded = (out.length + pieces - 1) / pieces * pieces;
+  if (padded == out.length) {
+    out.padded = full;
+  } else {
+    std::vector<int64_t> shape = full.sizes().vec();
+    shape[dim] = padded - out.length;
+    out.padded = torch::cat({full, torch::zeros(shape, full.options())}, dim);
+  }
+  out.padding = torch::arange(padded, torch::TensorOptions().device(full.device())) >= out.length;
+  return out;
+}
 
 Tensor shard_sequence(const Tensor& full, int64_t dim, const Group& group, bool balanced) {
   const char* caller = "attention::distributed::shard_sequence";

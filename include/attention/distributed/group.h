@@ -61,7 +61,11 @@ class ATTENTION_DISTRIBUTED_API Group {
   /// The group torchrun describes: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (rank 0 hosts
   /// the c10d::TCPStore unless TORCHELASTIC_USE_AGENT_STORE=True says torchrun hosts it).
   /// Throws c10::ValueError naming a variable that is missing or malformed, c10::Error when the
-  /// ranks do not meet within the timeout.
+  /// ranks do not meet within the timeout. The whole start-up (reaching or hosting the store, then
+  /// connecting to every rank) has one deadline, the timeout: a rank that never starts, a store
+  /// that cannot be reached or hosted, and a port held by a program that accepts connections and
+  /// never answers each fail within it (plus a quarter second for c10d to report its own reason),
+  /// with a message that names this rank, the store's address and what c10d said.
   static Group from_env(const GroupOptions& options = {});
 
   /// A group of `world_size` ranks meeting through `store` (a c10d::TCPStore, FileStore or, for
