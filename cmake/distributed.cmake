@@ -20,6 +20,8 @@ message(STATUS "attention::distributed (c10d with Gloo): ${ATTENTION_HAS_DISTRIB
 if(ATTENTION_HAS_DISTRIBUTED)
   add_library(attention_distributed
     src/distributed/group.cpp
+    src/distributed/transfers.cpp
+    src/distributed/collectives.cpp
     src/distributed/ring_attention.cpp
     src/distributed/sequence_split.cpp
     src/distributed/head_parallel.cpp
@@ -33,7 +35,7 @@ if(ATTENTION_HAS_DISTRIBUTED)
   target_link_libraries(attention_distributed PUBLIC attention gloo)
   target_compile_options(attention_distributed PRIVATE ${ATTENTION_WARNINGS})
   target_compile_options(attention_distributed PRIVATE ${ATTENTION_AUTOGRAD_FUNCTION_OPTIONS})
-  # Four files that each spend ~30 s on the same LibTorch and c10d code: one batch.
+  # The files each spend ~30 s on the same LibTorch and c10d code: one batch.
   set_target_properties(attention_distributed PROPERTIES UNITY_BUILD ${ATTENTION_UNITY_LIBRARY})
   attention_shared_library(attention_distributed ATTENTION_DISTRIBUTED_BUILDING)
   attention_internal_archive(attention_distributed)

@@ -43,8 +43,8 @@ double check_ring(const dist::Group& group, int64_t length, bool backward) {
   };
   auto q_r = shard(q).requires_grad_(), k_r = shard(k).requires_grad_(),
        v_r = shard(v).requires_grad_();
-  auto out_r =
-      dist::ring_attention(q_r, k_r, v_r, group, dist::RingAttentionOptions().is_causal(true));
+  auto out_r = dist::ring_attention(q_r, k_r, v_r, group,
+                                    dist::RingAttentionOptions().is_causal(true).balanced(true));
 
   // One process, the whole sequence.
   auto q_1 = q.clone().requires_grad_(), k_1 = k.clone().requires_grad_(),

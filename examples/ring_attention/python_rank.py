@@ -3,9 +3,11 @@ and ring attention in plain PyTorch, in one group with the C++ ranks of ./ring-a
 
     RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 python3 python_rank.py
 
-It speaks the C++ ranks' protocol: the same check that every rank has the same problem (two
-all-gathers), then one transfer per ring step of the keys, values (and padding) in one flat
-buffer, tag = step. Forward only; checks its shard against one process, as the C++ ranks do.
+It speaks the C++ ranks' protocol: the check that every rank has the same problem (a header of
+20 int64 sent to every other rank, tag 3 << 20: error kind, message bytes, number of values, the
+values; src/distributed/collectives.cpp describes it), then one transfer per ring step of the
+keys, values (and padding) in one flat buffer, tag = step. Forward only; checks its shard
+against one process, as the C++ ranks do.
 """
 
 import datetime
@@ -16,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 BATCH, HEADS, KV_HEADS, D, BLOCK = 2, 8, 4, 64, 256
+CHECK_TAG, CHECK_DETAILS_TAG, HEADER = 3 << 20, (3 << 20) + 1, 20
+FLOAT = 6  # c10::ScalarType::Float
 
 
 def shard(t, rank, world):
@@ -25,15 +29,32 @@ def shard(t, rank, world):
 
 
 def check_same(group, values):
-    """The C++ Group::check_same: the number of values, then the values, from every rank."""
-    world = group.size()
-    for tensor in (torch.tensor([len(values)]), torch.tensor(values, dtype=torch.int64)):
-        out = [torch.empty_like(tensor) for _ in range(world)]
-        group.allgather([out], [tensor]).wait()
-        for rank, theirs in enumerate(out):
-            if not torch.equal(theirs, tensor):
-                sys.exit(f"rank {group.rank()}: rank {rank} has {theirs.tolist()}, "
-                         f"this rank {tensor.tolist()}")
+    """Group::check_same of the C++ ranks, for a rank without an error of its own: every rank
+    sends every other rank its header; details follow only when a rank failed."""
+    rank, world = group.rank(), group.size()
+    header = torch.zeros(HEADER, dtype=torch.int64)
+    header[2] = len(values)
+    header[3:3 + len(values)] = torch.tensor(values, dtype=torch.int64)
+    theirs = {r: torch.empty(HEADER, dtype=torch.int64) for r in range(world) if r != rank}
+    works = [group.recv([t], r, CHECK_TAG) for r, t in theirs.items()]
+    works += [group.send([header], r, CHECK_TAG) for r in theirs]
+    for work in works:
+        work.wait()
+    if any(t[0] != 0 for t in theirs.values()):
+        # A rank refused its input: its message comes with the details, which every rank sends.
+        payload = header[3:3 + len(values)].view(torch.uint8)
+        details = {r: torch.empty(8 * int(t[2]) + int(t[1]), dtype=torch.uint8)
+                   for r, t in theirs.items()}
+        works = [group.recv([d], r, CHECK_DETAILS_TAG) for r, d in details.items() if d.numel()]
+        works += [group.send([payload], r, CHECK_DETAILS_TAG) for r in theirs]
+        for work in works:
+            work.wait()
+        first = min(r for r, t in theirs.items() if t[0] != 0)
+        message = bytes(details[first][8 * int(theirs[first][2]):].tolist()).decode()
+        sys.exit(f"rank {rank}: rank {first} failed: {message}")
+    for r, t in theirs.items():
+        if not torch.equal(t, header):
+            sys.exit(f"rank {rank}: rank {r} has {t[3:].tolist()}, this rank {values}")
 
 
 def attend(q, k, v, causal):
@@ -53,7 +74,8 @@ def ring_attention(group, q, k, v):
     """Causal ring attention on the balanced shards, merged through the log-sum-exp."""
     rank, world = group.rank(), group.size()
     local, chunk = q.shape[2], q.shape[2] // 2
-    check_same(group, [BATCH, HEADS, KV_HEADS, local, D, D, int(6), 1, 0, 0, 0, BLOCK])
+    # (B, H, Hkv, T_local, d, dv, dtype, causal, balanced, padding, scale set, scale bits, block)
+    check_same(group, [BATCH, HEADS, KV_HEADS, local, D, D, FLOAT, 1, 1, 0, 0, 0, BLOCK])
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:3], -torch.inf)
     current = torch.cat([k.flatten(), v.flatten()])

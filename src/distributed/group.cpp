@@ -1,5 +1,5 @@
-// The process group: torchrun's environment or a store, c10d's Gloo backend, and the collectives
-// the distributed modules use, each bounded by the group's timeout.
+// The process group: torchrun's environment or a store, and c10d's Gloo backend connecting the
+// ranks (the transfers are in transfers.cpp, the collectives in collectives.cpp).
 
 #include "distributed/group_state.h"
 
@@ -7,12 +7,16 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <future>
 #include <limits>
+#include <memory>
+#include <thread>
 
 namespace attention {
 namespace distributed {
@@ -72,30 +76,53 @@ void ignore_sigpipe_by_default() {
 #endif
 }
 
-}  // namespace
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
 
-WorkPtr GroupState::send(torch::Tensor& tensor, int64_t to, int tag) {
-  std::vector<torch::Tensor> tensors{tensor};
-  bytes_sent += static_cast<int64_t>(tensor.nbytes());
-  return gloo->send(tensors, static_cast<int>(to), tag);
+// Past the start-up's deadline, how long c10d has to report its own failure (with its own
+// reason) before the watch below gives up on it: thread scheduling, not a second wait.
+constexpr milliseconds kStartupSlack{250};
+
+// What is left until `deadline`, at least 1 ms (c10d takes no zero timeout).
+milliseconds left_until(Clock::time_point deadline) {
+  return std::max(milliseconds(1),
+                  std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
 }
 
-WorkPtr GroupState::recv(torch::Tensor& tensor, int64_t from, int tag) {
-  std::vector<torch::Tensor> tensors{tensor};
-  return gloo->recv(tensors, static_cast<int>(from), tag);
-}
-
-void GroupState::wait(const WorkPtr& work, const std::string& what, const char* caller) const {
+// Gloo's connection of this rank to every other one, through `store`, within `limit`.
+c10::intrusive_ptr<c10d::ProcessGroupGloo> connect_gloo(
+    const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world_size,
+    const GroupOptions& options, milliseconds limit, const char* caller,
+    const std::string& through = "") {
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(limit);
+  gloo_options->devices.push_back(gloo_device(options));
   try {
-    work->wait(timeout);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank),
+                                                       static_cast<int>(world_size), gloo_options);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, caller, ": rank ", rank, " of ", size, " failed while ", what, " (timeout ",
-                timeout.count(),
-                " ms); another rank has probably stopped or is not making the same calls. "
-                "c10d says: ",
-                e.what());
+    TORCH_CHECK(false, caller, ": rank ", rank, " of ", world_size,
+                " could not connect to the other ranks", through, " within ",
+                options.timeout().count(), " ms. c10d says: ", message_of(e));
   }
 }
+
+// Runs `start` on a thread of its own and waits for it until `deadline` (plus the slack): c10d's
+// store client can wait without end on a peer that accepts the connection and never answers (a
+// port held by some other program), which no timeout of c10d's bounds. In time: its result, or
+// its exception. Late: the error below, and the thread is left to end on its own or with the
+// process (it holds nothing of the caller's).
+std::shared_ptr<GroupState> within_deadline(std::function<std::shared_ptr<GroupState>()> start,
+                                            Clock::time_point deadline,
+                                            const std::string& late_message) {
+  auto task = std::make_shared<std::packaged_task<std::shared_ptr<GroupState>()>>(std::move(start));
+  auto result = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  TORCH_CHECK(result.wait_until(deadline + kStartupSlack) == std::future_status::ready,
+              late_message);
+  return result.get();
+}
+
+}  // namespace
 
 Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world_size,
                     const GroupOptions& options) {
@@ -112,16 +139,7 @@ Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, 
   state->size = world_size;
   state->timeout = options.timeout();
   ignore_sigpipe_by_default();
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
-  gloo_options->devices.push_back(gloo_device(options));
-  try {
-    state->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        store, static_cast<int>(rank), static_cast<int>(world_size), gloo_options);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, caller, ": rank ", rank, " of ", world_size,
-                " could not connect to the other ranks within ", options.timeout().count(),
-                " ms. c10d says: ", e.what());
-  }
+  state->gloo = connect_gloo(store, rank, world_size, options, options.timeout(), caller);
   return Group(std::move(state));
 }
 
@@ -136,21 +154,48 @@ Group Group::from_env(const GroupOptions& options) {
   // torchrun either hosts the store itself (and says so) or leaves it to rank 0.
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
+  TORCH_CHECK_VALUE(options.timeout().count() > 0, caller, ": expected a positive timeout, got ",
+                    options.timeout().count(), " ms");
+  // One deadline for the whole start-up: the store, then Gloo's connections in what is left. The
+  // store's host does not wait for its workers (c10d's default would): Gloo's connections wait for
+  // every rank anyway, and two waits in a row would double the time a missing rank costs.
+  const auto deadline = Clock::now() + options.timeout();
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(port);
   store_options.isServer = rank == 0 && !agent_hosts;
   store_options.numWorkers = static_cast<std::size_t>(world_size);
+  store_options.waitWorkers = false;
   store_options.timeout = options.timeout();
   choose_store_backend(store_options);
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, caller, ": rank ", rank, " of ", world_size,
-                " could not reach the store at ", addr, ":", port, " within ",
-                options.timeout().count(), " ms. c10d says: ", e.what());
-  }
-  return create(store, rank, world_size, options);
+  const std::string host = addr;
+  const std::string store_at = fmt::format("the store at {}:{}", host, port);
+  ignore_sigpipe_by_default();
+  auto start = [=]() {
+    c10::intrusive_ptr<c10d::Store> store;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
+    } catch (const std::exception& e) {
+      // Hosting fails at once (the port is taken); reaching it fails at the deadline.
+      const std::string failed =
+          store_options.isServer
+              ? "host " + store_at
+              : fmt::format("reach {} within {} ms", store_at, options.timeout().count());
+      TORCH_CHECK(false, caller, ": rank ", rank, " of ", world_size, " could not ", failed,
+                  ". c10d says: ", message_of(e));
+    }
+    auto state = std::make_shared<GroupState>();
+    state->rank = rank;
+    state->size = world_size;
+    state->timeout = options.timeout();
+    state->gloo = connect_gloo(store, rank, world_size, options, left_until(deadline), caller,
+                               " through " + store_at);
+    return state;
+  };
+  return Group(within_deadline(
+      start, deadline,
+      fmt::format("{}: rank {} of {} could not connect within {} ms: no answer from {} or from "
+                  "the other ranks (a program other than a rank may hold that port)",
+                  caller, rank, world_size, options.timeout().count(), store_at)));
 }
 
 int64_t Group::rank() const {
@@ -167,54 +212,6 @@ std::chrono::milliseconds Group::timeout() const {
 
 int64_t Group::bytes_sent() const {
   return state_->bytes_sent.load();
-}
-
-void Group::all_reduce_sum(torch::Tensor& tensor, const char* caller) const {
-  TORCH_CHECK_VALUE(tensor.defined() && tensor.device().is_cpu() && tensor.is_contiguous(), caller,
-                    ": all_reduce_sum expected a contiguous CPU tensor");
-  if (state_->size == 1) return;
-  std::vector<torch::Tensor> tensors{tensor};
-  // A ring all-reduce sends about twice the tensor's bytes from each rank.
-  state_->bytes_sent +=
-      2 * static_cast<int64_t>(tensor.nbytes()) * (state_->size - 1) / state_->size;
-  state_->wait(state_->gloo->allreduce(tensors),
-               fmt::format("summing a tensor of shape {} over the ranks", tensor.sizes()), caller);
-}
-
-std::vector<torch::Tensor> Group::all_gather(const torch::Tensor& tensor,
-                                             const char* caller) const {
-  auto input = tensor.contiguous();
-  if (state_->size == 1) return {input};
-  std::vector<std::vector<torch::Tensor>> outputs(1);
-  for (int64_t r = 0; r < state_->size; ++r) outputs[0].push_back(torch::empty_like(input));
-  std::vector<torch::Tensor> inputs{input};
-  state_->bytes_sent += static_cast<int64_t>(input.nbytes()) * (state_->size - 1);
-  state_->wait(state_->gloo->allgather(outputs, inputs),
-               fmt::format("gathering a tensor of shape {} from every rank", input.sizes()),
-               caller);
-  return outputs[0];
-}
-
-void Group::check_same(const std::vector<int64_t>& values, const char* what,
-                       const char* caller) const {
-  if (state_->size == 1) return;
-  // Gathered with their count first, so that ranks passing different numbers of values do not
-  // make a gather of mismatched sizes.
-  auto counts = all_gather(torch::tensor({static_cast<int64_t>(values.size())}), caller);
-  for (int64_t r = 0; r < state_->size; ++r) {
-    TORCH_CHECK_VALUE(counts[r].item<int64_t>() == static_cast<int64_t>(values.size()), caller,
-                      ": every rank must pass the same ", what, "; rank ", state_->rank, " has ",
-                      values.size(), " values, rank ", r, " has ", counts[r].item<int64_t>());
-  }
-  if (values.empty()) return;
-  auto all = all_gather(torch::tensor(values), caller);
-  for (int64_t r = 0; r < state_->size; ++r) {
-    const auto theirs = std::vector<int64_t>(all[r].data_ptr<int64_t>(),
-                                             all[r].data_ptr<int64_t>() + all[r].numel());
-    TORCH_CHECK_VALUE(theirs == values, caller, ": every rank must pass the same ", what, "; rank ",
-                      state_->rank, " has ", fmt::format("{}", values), ", rank ", r, " has ",
-                      fmt::format("{}", theirs));
-  }
 }
 
 }  // namespace distributed

@@ -11,6 +11,9 @@
 #include <torch/nn/functional/linear.h>
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstring>
 
 namespace attention {
@@ -29,9 +32,11 @@ const Group& group_of(torch::autograd::AutogradContext* ctx) {
   return static_cast<GroupHolder*>(ctx->saved_data["group"].toCapsule().get())->group;
 }
 
-Tensor summed(const Tensor& t, const Group& group) {
+// The sum over the ranks of a tensor whose shape every rank has (the forward checked it).
+Tensor summed(const Tensor& t, const Group& group, const char* what) {
   auto sum = t.contiguous().clone();
-  group.all_reduce_sum(sum, kName);
+  reduce_same(*group.state(), sum,
+              fmt::format("{} of shape {}, summed over the ranks", what, t.sizes()), kName);
   return sum;
 }
 
@@ -46,7 +51,7 @@ class EnterHeads : public torch::autograd::Function<EnterHeads> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {summed(grads[0], group_of(ctx)), Tensor()};
+    return {summed(grads[0], group_of(ctx), "the gradient of the heads' input"), Tensor()};
   }
 };
 
@@ -56,7 +61,7 @@ class LeaveHeads : public torch::autograd::Function<LeaveHeads> {
  public:
   static Tensor forward(torch::autograd::AutogradContext*, const Tensor& partial,
                         const Group& group) {
-    return summed(partial, group);
+    return summed(partial, group, "the heads' share of the output");
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grads) {
@@ -150,21 +155,36 @@ void HeadParallelMultiHeadAttentionImpl::pretty_print(std::ostream& stream) cons
 
 functional::AttentionOutput HeadParallelMultiHeadAttentionImpl::forward(
     const Tensor& x, const MultiHeadAttentionForwardOptions& forward_options) {
-  TORCH_CHECK_VALUE(!forward_options.need_weights(), kName,
-                    ": need_weights is not available here (each rank has only its heads' "
-                    "weights); gather() the module to inspect them");
-  TORCH_CHECK(!x.defined() || x.device().is_cpu(), kName,
-              ": expected the input on the CPU (the group's Gloo backend moves CPU tensors), "
-              "got one on ",
-              x.device().str());
-  auto local_options = forward_options;
-  if (forward_options.context().defined()) {
-    local_options.context(EnterHeads::apply(forward_options.context(), group));
+  // Each rank works on its heads; before the sum every rank learns whether all did, and with
+  // outputs of one shape, so that a refusal on one rank stops every rank at once.
+  std::exception_ptr error;
+  Tensor partial;
+  try {
+    TORCH_CHECK_VALUE(!forward_options.need_weights(), kName,
+                      ": need_weights is not available here (each rank has only its heads' "
+                      "weights); gather() the module to inspect them");
+    TORCH_CHECK(!x.defined() || x.device().is_cpu(), kName,
+                ": expected the input on the CPU (the group's Gloo backend moves CPU tensors), "
+                "got one on ",
+                x.device().str());
+    auto local_options = forward_options;
+    if (forward_options.context().defined()) {
+      local_options.context(EnterHeads::apply(forward_options.context(), group));
+    }
+    // The heads module validates x (and everything else) before anything is computed.
+    const Tensor x_in = x.defined() ? EnterHeads::apply(x, group) : x;
+    const Tensor context = heads->forward(x_in, local_options).output;
+    partial = torch::nn::functional::linear(context, out_proj->weight);
+  } catch (...) {
+    error = std::current_exception();
   }
-  // The heads module validates x (and everything else) before anything is computed.
-  const Tensor x_in = x.defined() ? EnterHeads::apply(x, group) : x;
-  const Tensor context = heads->forward(x_in, local_options).output;
-  Tensor y = LeaveHeads::apply(torch::nn::functional::linear(context, out_proj->weight), group);
+  std::vector<int64_t> shape{-1};
+  if (!error) {
+    shape = {static_cast<int64_t>(partial.scalar_type())};
+    shape.insert(shape.end(), partial.sizes().begin(), partial.sizes().end());
+  }
+  group.check_same(shape, "output dtype and shape (from the input's)", kName, error);
+  Tensor y = LeaveHeads::apply(partial, group);
   if (options.out_bias()) y = y + out_proj->bias;
   return {y, {}};
 }
@@ -173,8 +193,11 @@ MultiHeadAttention HeadParallelMultiHeadAttentionImpl::gather() const {
   MultiHeadAttention full(options);
   full->to(W_query->weight.scalar_type());
   torch::NoGradGuard no_grad;
+  // Every rank's shares have the shapes of the options, which the constructor checked.
   const auto gathered = [&](const Tensor& t, int64_t dim) {
-    return torch::cat(group.all_gather(t.detach(), kName), dim);
+    return torch::cat(gather_same(*group.state(), t.detach(),
+                                  fmt::format("a weight of shape {}", t.sizes()), kName),
+                      dim);
   };
   for (const auto& [mine, theirs] :
        {std::pair{W_query, full->W_query}, {W_key, full->W_key}, {W_value, full->W_value}}) {
@@ -204,8 +227,16 @@ HeadParallelMultiHeadAttention shard_heads(const MultiHeadAttentionImpl& full, c
 HeadParallelMultiHeadAttention load_sharded(const std::string& path,
                                             const MultiHeadAttentionOptions& options,
                                             const Group& group, const LoadOptions& load_options) {
-  MultiHeadAttention full(options);
-  load_weights(*full, path, load_options);
+  // A rank that cannot load the file stops every rank with its message.
+  std::exception_ptr error;
+  MultiHeadAttention full{nullptr};
+  try {
+    full = MultiHeadAttention(options);
+    load_weights(*full, path, load_options);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  group.check_same({}, "weight file", "attention::distributed::load_sharded", error);
   return shard_heads(*full, group);
 }
 

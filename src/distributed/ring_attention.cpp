@@ -5,9 +5,10 @@
 // is the attention over the whole sequence. Sending the next block is started before the
 // kernel runs on the current one, so the transfer overlaps the work.
 //
-// Causal attention splits the sequence into 2W chunks and gives rank r chunks r and 2W-1-r: a
-// query chunk i sees key chunks j < i in full, j = i through the causal mask and j > i not at all,
-// and this split gives every rank the same number of visible (query, key) chunk pairs.
+// Causal attention over the balanced split has the sequence in 2W chunks, rank r holding chunks r
+// and 2W-1-r, which gives every rank the same number of visible (query, key) chunk pairs; over
+// the contiguous split, W chunks, rank r holding chunk r. Either way a query chunk i sees key
+// chunks j < i in full, j = i through the causal mask and j > i not at all.
 //
 // Backward sends the keys and values around once more, with the gradients of their keys and
 // values: each rank adds its queries' share to the block it holds and passes both on, and after W
@@ -34,22 +35,20 @@ namespace {
 using torch::Tensor;
 constexpr const char* kCaller = "attention::distributed::ring_attention";
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// Tags of the three kinds of transfer, so that a late one never matches another kind.
-constexpr int kForwardTag = 0, kBackwardTag = 1 << 20, kGradientTag = 2 << 20;
 
 // The validated sizes and options of one ring_attention call, the same on every rank.
 struct Plan {
   std::shared_ptr<GroupState> group;
   int64_t batch = 0, heads = 0, kv_heads = 0, local = 0, d = 0, dv = 0;
-  bool causal = false, masked = false;
+  bool causal = false, balanced = false, masked = false;
   c10::optional<double> scale;
   int64_t block = 256;
-  // Chunks per rank (2 when causal, else 1) and positions per chunk.
+  // Chunks per rank (2 when causal over the balanced split, else 1) and positions per chunk.
   int64_t chunks = 1, chunk = 0;
 
   // The position of local chunk c of rank `owner` among the 2W (or W) chunks of the sequence.
   int64_t chunk_index(int64_t owner, int64_t c) const {
-    return causal ? (c == 0 ? owner : 2 * group->size - 1 - owner) : owner;
+    return chunks == 2 ? (c == 0 ? owner : 2 * group->size - 1 - owner) : owner;
   }
   // The rank whose keys and values a rank holds at ring step s.
   int64_t owner_at(int64_t step) const {
@@ -85,24 +84,20 @@ struct KeyValueBlock {
   }
 };
 
-// Sends `outgoing` to the next rank and receives `incoming` from the previous one.
+// Sends `outgoing` to the next rank and receives `incoming` from the previous one. The wait for
+// both has one deadline, counted from when it starts (the work in between may take longer).
 struct Exchange {
-  WorkPtr send, recv;
-  const Plan* plan = nullptr;
-  std::string what;
+  GroupState* group;
+  std::vector<Transfer> transfers;
 
-  Exchange(const Plan& p, Tensor& outgoing, Tensor& incoming, int tag, std::string description)
-      : plan(&p), what(std::move(description)) {
-    const int64_t w = p.group->size, r = p.group->rank;
-    send = p.group->send(outgoing, (r + 1) % w, tag);
-    recv = p.group->recv(incoming, (r + w - 1) % w, tag);
+  Exchange(const Plan& p, const Tensor& outgoing, const Tensor& incoming, int tag,
+           const std::string& what)
+      : group(p.group.get()) {
+    const int64_t w = group->size, r = group->rank;
+    transfers.push_back(group->recv(incoming, (r + w - 1) % w, tag, what, kCaller));
+    transfers.push_back(group->send(outgoing, (r + 1) % w, tag, what, kCaller));
   }
-  void wait() const {
-    const int64_t w = plan->group->size, r = plan->group->rank;
-    plan->group->wait(recv, fmt::format("receiving {} from rank {}", what, (r + w - 1) % w),
-                      kCaller);
-    plan->group->wait(send, fmt::format("sending {} to rank {}", what, (r + 1) % w), kCaller);
-  }
+  void wait() const { group->wait(transfers, group->deadline(), kCaller); }
 };
 
 // The problem of local query chunk `qc` against key chunk `kc` of a block: the keys of chunk kc
@@ -171,8 +166,9 @@ std::pair<Tensor, Tensor> ring_forward(const Plan& p, const Tensor& q, const Ten
   for (int64_t step = 0; step < w; ++step) {
     c10::optional<Exchange> exchange;
     if (step + 1 < w) {
-      exchange.emplace(p, current.buffer, next.buffer, kForwardTag + static_cast<int>(step),
-                       fmt::format("the key/value block of step {} of {}", step + 1, w - 1));
+      exchange.emplace(
+          p, current.buffer, next.buffer, tags::kRingForward + static_cast<int>(step),
+          fmt::format("the key/value block of forward step {} of {}", step + 1, w - 1));
     }
     for_each_pair(p, q, current, p.owner_at(step), [&](const Pair& pair) {
       auto [o, l] = kernels::forward_with_lse(pair.problem, pair.q, pair.k, pair.v);
@@ -208,7 +204,7 @@ std::tuple<Tensor, Tensor, Tensor> ring_backward(const Plan& p, const Tensor& q,
     c10::optional<Exchange> exchange;
     if (step + 1 < w) {
       exchange.emplace(
-          p, current.buffer, next.buffer, kBackwardTag + static_cast<int>(step),
+          p, current.buffer, next.buffer, tags::kRingBackward + static_cast<int>(step),
           fmt::format("the key/value block of backward step {} of {}", step + 1, w - 1));
     }
     auto dk = dk_of(grads), dv = dv_of(grads);
@@ -226,8 +222,8 @@ std::tuple<Tensor, Tensor, Tensor> ring_backward(const Plan& p, const Tensor& q,
     // The gradients go on to the next rank, which holds this block at the next step; after the
     // last step they reach the block's owner.
     if (w > 1) {
-      Exchange(p, grads, grads_next, kGradientTag + static_cast<int>(step),
-               fmt::format("key/value gradients of backward step {} of {}", step + 1, w))
+      Exchange(p, grads, grads_next, tags::kRingGradient + static_cast<int>(step),
+               fmt::format("the key/value gradients of backward step {} of {}", step + 1, w))
           .wait();
       std::swap(grads, grads_next);
     }
@@ -268,9 +264,9 @@ std::string describe(const Tensor& t) {
                      t.device().str());
 }
 
-// Checks the inputs of this rank, then that every rank has the same sizes and options.
-Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& group,
-               const RingAttentionOptions& options) {
+// Checks the inputs of this rank.
+Plan local_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& group,
+                const RingAttentionOptions& options) {
   for (const auto& [name, t] :
        {std::pair<const char*, const Tensor&>{"query", q}, {"key", k}, {"value", v}}) {
     TORCH_CHECK_VALUE(t.defined() && t.dim() == 4, kCaller, ": expected ", name,
@@ -310,9 +306,14 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& g
   TORCH_CHECK_VALUE(p.block >= 1, kCaller, ": expected a positive block_size, got ", p.block);
   TORCH_CHECK_VALUE(!p.scale || std::isfinite(*p.scale), kCaller, ": expected a finite scale, got ",
                     p.scale ? *p.scale : 0.0);
-  TORCH_CHECK_VALUE(!p.causal || p.local % 2 == 0, kCaller,
-                    ": causal ring attention needs the balanced split of shard_sequence (an early "
-                    "and a late chunk per rank), so an even local length; got ",
+  TORCH_CHECK_VALUE(
+      !p.causal || options.balanced().has_value(), kCaller,
+      ": a causal call needs to know how the shards were made: set "
+      "RingAttentionOptions::balanced to shard_sequence's `balanced` (true or false)");
+  p.balanced = p.causal && *options.balanced();
+  TORCH_CHECK_VALUE(!p.balanced || p.local % 2 == 0, kCaller,
+                    ": shards of the balanced split (an early and a late chunk per rank) have an "
+                    "even local length; got ",
                     p.local);
   const auto& mask = options.key_padding_mask();
   p.masked = mask.defined();
@@ -323,16 +324,46 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& g
                       kCaller, ": expected key_padding_mask of shape (", p.batch, ", ", p.local,
                       ") for this rank's keys, got ", describe(mask));
   }
-  p.chunks = p.causal ? 2 : 1;
+  p.chunks = p.balanced ? 2 : 1;
   p.chunk = p.local / p.chunks;
-  int64_t scale_bits = 0;
-  if (p.scale) std::memcpy(&scale_bits, &*p.scale, sizeof scale_bits);
+  return p;
+}
+
+// Checks the inputs of this rank; then every rank learns whether all did, and whether all have
+// the same problem, so that a refusal on one rank stops every rank at once (not after the
+// group's timeout) and leaves the group in step.
+Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Group& group,
+               const RingAttentionOptions& options) {
+  std::exception_ptr error;
+  Plan p;
+  try {
+    p = local_plan(q, k, v, group, options);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::vector<int64_t> values{-1};
+  if (!error) {
+    int64_t scale_bits = 0;
+    if (p.scale) std::memcpy(&scale_bits, &*p.scale, sizeof scale_bits);
+    values = {p.batch,
+              p.heads,
+              p.kv_heads,
+              p.local,
+              p.d,
+              p.dv,
+              static_cast<int64_t>(q.scalar_type()),
+              p.causal,
+              p.balanced,
+              p.masked,
+              p.scale.has_value(),
+              scale_bits,
+              p.block};
+  }
   group.check_same(
-      {p.batch, p.heads, p.kv_heads, p.local, p.d, p.dv, static_cast<int64_t>(q.scalar_type()),
-       p.causal, p.masked, p.scale.has_value(), scale_bits, p.block},
-      "sizes and options (B, H, Hkv, T_local, d, dv, dtype, causal, padding, "
+      values,
+      "sizes and options (B, H, Hkv, T_local, d, dv, dtype, causal, balanced, padding, "
       "scale set, scale bits, block_size)",
-      kCaller);
+      kCaller, error);
   return p;
 }
 

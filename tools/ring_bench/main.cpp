@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
 
     const int64_t sent_before = group.bytes_sent();
     const auto start = Clock::now();
-    auto out = dist::ring_attention(q, k, v, group, dist::RingAttentionOptions().is_causal(true));
+    auto out = dist::ring_attention(q, k, v, group,
+                                    dist::RingAttentionOptions().is_causal(true).balanced(true));
     if (backward) out.backward(torch::ones_like(out));
     const double wall = seconds_since(start);
     const int64_t sent = group.bytes_sent() - sent_before;

@@ -18,10 +18,15 @@ namespace distributed {
 
 /// Options of ring_attention().
 struct RingAttentionOptions {
-  /// Hide later keys from each query. The sequence must then be split with
-  /// shard_sequence(..., balanced = true): each rank holds an early and a late chunk, so that
-  /// every rank has the same work.
+  /// Hide later keys from each query. Which keys are later depends on where each rank's positions
+  /// lie in the sequence, so a causal call must also say how the shards were made (`balanced`).
   TORCH_ARG(bool, is_causal) = false;
+  /// How the shards were made: shard_sequence()'s `balanced`. Required when is_causal (a causal
+  /// call without it is refused: the function cannot tell from the tensors); ignored otherwise,
+  /// since without causality every split gives the same rows. Both splits give exact results:
+  /// balanced (each rank an early and a late chunk, an even local length) gives every rank the
+  /// same work, contiguous leaves rank r with r + 1 blocks of it, so the last rank sets the pace.
+  TORCH_ARG(c10::optional<bool>, balanced) = c10::nullopt;
   /// Multiplies the scores; when unset they are divided by sqrt(d).
   TORCH_ARG(c10::optional<double>, scale) = c10::nullopt;
   /// Bool (B, T_local), true = padding: this rank's keys that no query may see. It travels with
@@ -54,7 +59,8 @@ struct RingAttentionOptions {
 /// auto q = dist::shard_sequence(q_full, 2, group, /*balanced=*/true);
 /// auto k = dist::shard_sequence(k_full, 2, group, /*balanced=*/true);
 /// auto v = dist::shard_sequence(v_full, 2, group, /*balanced=*/true);
-/// auto out = dist::ring_attention(q, k, v, group, dist::RingAttentionOptions().is_causal(true));
+/// auto out = dist::ring_attention(q, k, v, group,
+///                                 dist::RingAttentionOptions().is_causal(true).balanced(true));
 /// auto out_full = dist::gather_sequence(out, 2, group, /*balanced=*/true);
 /// \endcode
 ATTENTION_DISTRIBUTED_API torch::Tensor ring_attention(const torch::Tensor& query,
