@@ -42,8 +42,11 @@ ATTENTION_DISTRIBUTED_API torch::Tensor gather_sequence(const torch::Tensor& loc
 /// positions and zeros after them, `padding` (T_padded,) bool is true at the added positions,
 /// `length` is the original length.
 struct PaddedSequence {
+  /// The original positions along `dim`, then zeros up to a length the split divides.
   torch::Tensor padded;
+  /// (T_padded,) bool: true at the positions that were added.
   torch::Tensor padding;
+  /// The original length along `dim`.
   int64_t length = 0;
 };
 
