@@ -52,5 +52,10 @@ torch::Tensor paged_forward(const Problem& p, const torch::Tensor& query,
 /// split; 0: no call yet). For tests and diagnostics.
 int64_t paged_forward_last_parts();
 
+/// How many tiles of keys the calling thread's last paged_forward() met in matrix products: the
+/// route of items whose rows (query heads of a key/value head x queries) are a multiple of 16, on
+/// the tiles all of an item's rows see whole. For tests and diagnostics.
+int64_t paged_forward_last_matrix_tiles();
+
 }  // namespace kernels
 }  // namespace attention
