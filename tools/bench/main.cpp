@@ -580,7 +580,6 @@ void bench_paged_decode() {
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
     const std::string type = dtype == torch::kFloat ? "float32" : "bfloat16";
     for (const int64_t kv_heads : {8, 1}) {
-      if (getenv("ONLY_KV") && std::atoi(getenv("ONLY_KV")) != kv_heads) continue;
       for (const int64_t p : positions) {
         progress(fmt::format("paged-decode {} kv_heads {} position {}", type, kv_heads, p));
         torch::manual_seed(0);
@@ -608,7 +607,7 @@ void bench_paged_decode() {
         const auto step = [&] {
           F::paged_attention(packed_q, key_pages, value_pages, starts, lengths, table, options);
         };
-        const double contiguous = getenv("ONLY_KV") ? 1.0 : median_ms(
+        const double contiguous = median_ms(
             [&] {
               F::scaled_dot_product_attention(
                   q, k, v, F::ScaledDotProductAttentionOptions(options).backend(Backend::Chunked));
