@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -46,6 +47,9 @@ constexpr int64_t kScoresLd = kMatrixKeyTile + cpu::kSmallGemmGranule;
 // carries enough arithmetic (2 x rows flop per feature) that the one-row products run behind
 // the memory.
 constexpr int64_t kMatrixRows = cpu::kSmallGemmGranule;
+// The most rows of a prompt chunk's item (kPagedItemRows for decoding steps): each key and value
+// is copied and widened once per item, and the products' rate grows with their rows.
+constexpr int64_t kMatrixItemRows = 128;
 // When the split is decided by the threads, a part holds at least this many keys: fewer would
 // cost more in merging than they save.
 constexpr int64_t kMinPartKeys = 256;
@@ -94,6 +98,21 @@ struct Pages {
     }
   }
 };
+
+// A row of keys or values into the matrix products' buffer: copied, or widened from bfloat16
+// (on the processor's widest vectors: this file is built for the baseline instruction set).
+ATTENTION_MULTIVERSION void widen_bf16_row(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) out[c] = widen(c10::BFloat16(in[c], c10::BFloat16::from_bits()));
+}
+template <typename In, typename Acc>
+void copy_row(const In* in, Acc* out, int64_t n) {
+  if constexpr (std::is_same_v<In, Acc>) {
+    std::memcpy(out, in, static_cast<size_t>(n) * sizeof(Acc));
+  } else {
+    static_assert(std::is_same_v<In, c10::BFloat16> && std::is_same_v<Acc, float>);
+    widen_bf16_row(reinterpret_cast<const uint16_t*>(in), out, n);
+  }
+}
 
 // Asks for `count` rows of `width` elements, a cache line at a time.
 template <typename In>
@@ -156,14 +175,25 @@ class PagedForward {
  private:
   void make_items() {
     const Sequences& sequences = *p_.sequences;
-    const int64_t nq_max = std::max<int64_t>(1, kPagedItemRows / p_.g);
+    const int64_t decode_queries = std::max<int64_t>(1, kPagedItemRows / p_.g);
+    const int64_t chunk_queries = matrix_chunk_queries();
+    // The fewest queries whose rows are a multiple of the products' granule.
+    const int64_t granule_queries = kMatrixRows / std::gcd(kMatrixRows, p_.g);
     problems_.reserve(sequences.count());
     for (int64_t s = 0; s < sequences.count(); ++s) {
       problems_.push_back(p_.sequence(s));
       const Problem& one = problems_.back();
       for (int64_t kv = 0; kv < p_.n; ++kv) {
-        for (int64_t i0 = 0; i0 < one.t_q; i0 += nq_max) {
-          const int64_t nq = std::min(nq_max, one.t_q - i0);
+        // A prompt chunk's items hold more rows when the matrix products can take them.
+        const bool chunk = one.t_q * p_.g > kPagedItemRows && chunk_queries > 0;
+        const int64_t nq_max = chunk ? chunk_queries : decode_queries;
+        for (int64_t i0 = 0, nq = 0; i0 < one.t_q; i0 += nq) {
+          nq = std::min(nq_max, one.t_q - i0);
+          // A chunk's last item keeps its rows a multiple of the granule where it can; the few
+          // queries left over make an item of their own.
+          if (chunk && nq >= granule_queries) {
+            nq = nq / granule_queries * granule_queries;
+          }
           const int64_t begin = keys_begin(one, i0);
           const int64_t end = std::max(begin, keys_end(one, i0, nq));
           bases_.push_back({s, kv, i0, nq, static_cast<int64_t>(bases_.size()), 0, begin, end, 0});
@@ -190,6 +220,15 @@ class PagedForward {
       }
       partial_offset_.push_back(partial_offset_.back() + parts_ * p_.g * base.nq * (p_.dv + 2));
     }
+  }
+
+  // The queries of a prompt chunk's item: the most whose rows (x the group's query heads) are a
+  // multiple of the products' granule and at most kMatrixItemRows; 0 where none is.
+  int64_t matrix_chunk_queries() const {
+    for (int64_t nq = kMatrixItemRows / p_.g; nq > 0; --nq) {
+      if ((nq * p_.g) % kMatrixRows == 0) return nq;
+    }
+    return 0;
   }
 
   // Parts per item: as asked, or, when there are fewer items than threads, enough that every
@@ -415,21 +454,16 @@ class PagedForward {
     k_.rows(table, it.kv, j0, cols, w.k_ptr);
     v_.rows(table, it.kv, j0, cols, w.v_ptr);
     for (int64_t j = 0; j < cols; ++j) {
-      Acc* key = w.keys + j * d;
-      Acc* value = w.values + j * dv;
-      const In* k = w.k_ptr[j];
-      const In* v = w.v_ptr[j];
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) key[c] = widen(k[c]);
-#pragma omp simd
-      for (int64_t c = 0; c < dv; ++c) value[c] = widen(v[c]);
+      copy_row(w.k_ptr[j], w.keys + j * d, d);
+      copy_row(w.v_ptr[j], w.values + j * dv, dv);
     }
     std::fill(w.keys + cols * d, w.keys + padded * d, Acc(0));
     std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
-    // The next keys are asked for while these products run: rows a page apart are in no order a
-    // hardware prefetcher follows.
+    // The next keys are asked for while these products run (rows a page apart are in no order a
+    // hardware prefetcher follows) where the step reads them once: a prompt chunk's items read
+    // the same keys one after another, from the cache.
     const int64_t next = std::min(kMatrixKeyTile, it.key_end - (j0 + cols));
-    if (next > 0) {
+    if (next > 0 && ps.t_q * p_.g <= kMatrixItemRows) {
       k_.rows(table, it.kv, j0 + cols, next, w.k_ptr);
       v_.rows(table, it.kv, j0 + cols, next, w.v_ptr);
       prefetch_rows(w.k_ptr, next, d);
