@@ -31,7 +31,9 @@ Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_
 torch::Tensor paged_table(const torch::Tensor& page_table);
 
 /// The most query rows (query heads of a key/value head x queries) of one work item of
-/// paged_forward(): each key and value is read once for all of them.
+/// paged_forward() for a decoding step (a prompt chunk's items hold more, for the matrix
+/// products): each key and value is read once for all of them. A sequence whose query heads x
+/// queries per key/value head exceed it is a prompt chunk.
 constexpr int64_t kPagedItemRows = 16;
 
 /// Whether paged_forward() takes these queries: on the CPU, float, double or bfloat16.

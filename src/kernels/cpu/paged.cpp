@@ -6,8 +6,8 @@
 // row keeps a running maximum, sum and weighted values: they are the output when the item holds
 // all of the row's keys, and are merged with the other parts' otherwise (split-KV decoding, as
 // FlashDecoding: one sequence's step uses every thread). An item of many rows (a multi-query
-// step, a prompt chunk) meets its keys and values in matrix products instead, on the tiles that
-// every one of its rows sees whole (kernels/cpu/paged.cpp's matrix_tile).
+// step, a prompt chunk) meets its keys and values in matrix products instead, on the columns
+// that every one of its rows sees (matrix_tile), and one row at a time on the others (row_tile).
 
 #include "kernels/paged.h"
 #include "gemm/small_gemm.h"
