@@ -181,6 +181,76 @@ TEST_CASE("paged_attention: one sequence's decoding is split across two threads"
   at::set_num_threads(threads);
 }
 
+TEST_CASE("paged_attention: items of many rows meet their keys in matrix products", "[paged]") {
+  torch::NoGradGuard no_grad;
+  namespace K = attention::kernels;
+  // 32 query heads on one key/value head (a multi-query step: one item of 32 rows) and on two
+  // (16 rows each), and a prompt chunk of one head per key/value head (16 query rows an item),
+  // each with every option; the tiles every row sees whole take the products.
+  const auto sinks = torch::randn({32}, torch::kDouble);
+  const std::vector<std::pair<std::string, O>> variants = {
+      {"causal", O().is_causal(true)},
+      {"window", O().is_causal(true).window_left(300)},
+      {"alibi, softcap, sinks",
+       O().is_causal(true).alibi_slopes(F::alibi_slopes(32)).softcap(2.0).sinks(sinks)},
+      {"not causal", O().scale(0.3)},
+  };
+  struct Shape {
+    std::vector<int64_t> t_q, t_k;
+    int64_t heads, kv_heads;
+  };
+  const std::vector<Shape> shapes = {
+      {{1, 1}, {1500, 700}, 32, 1}, {{1}, {900}, 32, 2}, {{200, 1}, {600, 333}, 2, 2}};
+  for (const auto& shape : shapes) {
+    for (const auto dtype : {torch::kDouble, torch::kFloat, torch::kBFloat16}) {
+      const auto c =
+          make_paged_case(shape.t_q, shape.t_k, shape.heads, shape.kv_heads, 32, 16, dtype, 17);
+      for (const auto& [name, options] : variants) {
+        if (options.alibi_slopes().defined() && shape.heads != 32) continue;
+        auto typed = options;
+        if (typed.sinks().defined()) typed.sinks(typed.sinks().to(dtype));
+        if (typed.alibi_slopes().defined()) typed.alibi_slopes(typed.alibi_slopes().to(dtype));
+        const auto expected = paged_reference(c, options);
+        const double tolerance =
+            dtype == torch::kDouble ? 1e-10 : (dtype == torch::kFloat ? 2e-5 : 2e-2);
+        for (const int64_t splits : {1, 3}) {
+          INFO(shape.heads << " heads on " << shape.kv_heads << ", " << c10::toString(dtype) << ", "
+                           << name << ", splits " << splits);
+          CHECK(test::max_abs_diff(paged_split(c, typed, splits), expected) < tolerance);
+          CHECK(K::paged_forward_last_matrix_tiles() > 0);
+        }
+      }
+    }
+  }
+  // Fewer rows than the products' granule keep the one-row products.
+  const auto few = make_paged_case({1}, {900}, 8, 1, 32, 16, torch::kFloat, 18);
+  CHECK(test::max_abs_diff(paged(few, O().is_causal(true)),
+                           paged_reference(few, O().is_causal(true))) < 2e-5);
+  CHECK(K::paged_forward_last_matrix_tiles() == 0);
+}
+
+TEST_CASE("paged_attention: a value only later queries see stays out of a prompt chunk's rows",
+          "[paged]") {
+  torch::NoGradGuard no_grad;
+  // Items of 16 rows (the matrix route) over a chunk of 40 queries: only the last query sees the
+  // last key, whose value is NaN, and only the first sees none of the keys past its diagonal.
+  for (const int64_t kv_heads : {4, 1}) {
+    auto c = make_paged_case({40}, {400}, 4, kv_heads, 32, 16, torch::kFloat, 19);
+    const int64_t page = c.page_table[0][399 / 16].item<int64_t>();
+    c.value_pages[page][0][399 % 16][5] = std::numeric_limits<float>::quiet_NaN();
+    for (const int64_t splits : {1, 2}) {
+      INFO(kv_heads << " key/value heads, splits " << splits);
+      const auto out = paged_split(c, O().is_causal(true), splits);
+      CHECK(attention::kernels::paged_forward_last_matrix_tiles() > 0);
+      const auto head0 = out.select(1, 0);
+      CHECK(torch::isfinite(head0.narrow(0, 0, 39)).all().item<bool>());
+      CHECK(torch::isnan(head0[39]).any().item<bool>());
+      // Heads of other key/value heads read other values: finite.
+      if (kv_heads == 4) CHECK(torch::isfinite(out.narrow(1, 1, 3)).all().item<bool>());
+    }
+  }
+}
+
 TEST_CASE("paged_attention: the contract's classes", "[paged]") {
   torch::NoGradGuard no_grad;
   auto c = make_paged_case({2, 1}, {400, 300}, 2, 2, 8, 16, torch::kFloat, 15);
@@ -321,6 +391,15 @@ TEST_CASE("scaled_dot_product_attention: Auto decodes through the paged kernel f
             .output;
     CHECK(test::max_abs_diff(out, expected) < 1e-5);
   }
+  // One query on each of 32 heads that share a key/value head: one item of 32 rows.
+  const auto q32 = torch::randn({1, 32, 1, 16});
+  const auto k1 = torch::randn({1, 1, 600, 16});
+  const auto out = F::scaled_dot_product_attention(q32, k1, k1, O().is_causal(true)).output;
+  CHECK(F::last_path() == F::Path::ChunkedFused);
+  CHECK(attention::kernels::paged_forward_last_matrix_tiles() > 0);
+  CHECK(test::max_abs_diff(out, F::scaled_dot_product_attention(
+                                    q32, k1, k1, O().is_causal(true).backend(F::Backend::Math))
+                                    .output) < 1e-5);
   // Weights, or a prompt chunk of more rows than an item holds, keep Auto's other rules.
   const auto k = torch::randn({1, 2, 300, 16});
   F::scaled_dot_product_attention(q, k, k, O().need_weights(true));

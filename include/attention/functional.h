@@ -52,10 +52,10 @@ ATTENTION_API Path last_path();
 /// Auto picks Chunked when the scores (..., H, Tq, Tk) would hold at least this many elements.
 constexpr int64_t kAutoChunkedScores = int64_t{1} << 20;
 
-/// Auto also takes the fused CPU route for a decoding step (at most 16 query rows per key/value
-/// head: its query heads times Tq; no mask, dropout, weights or gradient) with at least this many
-/// keys, however few its scores: the paged kernel reads each key once for all of those rows and
-/// splits the keys across threads.
+/// Auto also takes the fused CPU route for a decoding step (one query per head, or at most 16
+/// query rows per key/value head: its query heads times Tq; no mask, dropout, weights or gradient)
+/// with at least this many keys, however few its scores: the paged kernel reads each key once for
+/// all of those rows and splits the keys across threads.
 constexpr int64_t kAutoDecodeKeys = 256;
 
 /// Where the causal diagonal (and a sliding window, and ALiBi's distances) sit when Tq != Tk.

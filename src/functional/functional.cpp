@@ -93,7 +93,9 @@ bool decodes_in_place(const kernels::Problem& p, const torch::Tensor& query,
     return false;
   }
   if (p.mask.defined() || p.dropout_p > 0.0 || p.need_weights || p.needs_grad) return false;
-  if (p.t_q * p.g > kernels::kPagedItemRows) return false;  // a prompt chunk: Chunked's tiles
+  // A prompt chunk goes to Chunked's tiles; one query per head, however many heads share a
+  // key/value head (multi-query), is an item of the paged kernel's matrix products.
+  if (p.t_q > 1 && p.t_q * p.g > kernels::kPagedItemRows) return false;
   // The cache read in place: rows of contiguous features, the same batch dimensions as the query.
   if (key.stride(-1) != 1 || value.stride(-1) != 1) return false;
   const int64_t batch_dims = std::max<int64_t>(0, query.dim() - 3);

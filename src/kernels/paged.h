@@ -31,7 +31,9 @@ Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_
 torch::Tensor paged_table(const torch::Tensor& page_table);
 
 /// The most query rows (query heads of a key/value head x queries) of one work item of
-/// paged_forward(): each key and value is read once for all of them.
+/// paged_forward() for a decoding step (a prompt chunk's items hold more, for the matrix
+/// products): each key and value is read once for all of them. A sequence whose query heads x
+/// queries per key/value head exceed it is a prompt chunk.
 constexpr int64_t kPagedItemRows = 16;
 
 /// Whether paged_forward() takes these queries: on the CPU, float, double or bfloat16.
@@ -51,6 +53,11 @@ torch::Tensor paged_forward(const Problem& p, const torch::Tensor& query,
 /// How many parts the calling thread's last paged_forward() split each item's keys into (1: no
 /// split; 0: no call yet). For tests and diagnostics.
 int64_t paged_forward_last_parts();
+
+/// How many tiles of keys the calling thread's last paged_forward() met in matrix products: the
+/// route of items whose rows (query heads of a key/value head x queries) are a multiple of 16, on
+/// the tiles all of an item's rows see whole. For tests and diagnostics.
+int64_t paged_forward_last_matrix_tiles();
 
 }  // namespace kernels
 }  // namespace attention

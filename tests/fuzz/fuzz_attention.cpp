@@ -5,9 +5,11 @@
 // definitions, so that a mistake in the library's own window arithmetic cannot hide in both.
 // Every backend must either raise a c10::Error or agree with the reference wherever the
 // reference is finite (so never NaN where it is finite). A disagreement aborts with the case
-// printed.
+// printed. Packed sequences (varlen_attention) and the pages of a cache (paged_attention) are
+// checked the same way against each sequence alone.
 
 #include <attention/functional.h>
+#include <attention/paged_attention.h>
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -19,6 +21,7 @@
 #include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -244,6 +247,163 @@ void check_varlen(const uint8_t* data, size_t size) {
   }
 }
 
+// Keys and values in the pages of a cache: functional::paged_attention against each sequence
+// alone (its keys gathered from its pages) through scaled_dot_product_attention on Math in
+// float64. The pages in shuffled order, pages no sequence holds full of NaN (a kernel that reads
+// a wrong page shows), the table's entries past a sequence's length -1 or an extreme; groups of
+// 16 query heads and chunks of 16 queries or more take the kernel's matrix products, and two
+// threads its split of the keys. Now and then a length is broken (every backend must refuse it)
+// or a sequence's first page entry (refused, or, where no query sees its keys, not read).
+void check_paged(const uint8_t* data, size_t size) {
+  Bytes in(data, size);
+  const int64_t count = in.below(4);
+  const int64_t page_size = 1 + in.below(8);
+  std::vector<int64_t> lq, lk, offsets_q{0};
+  int64_t pages = 0, widest = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    lk.push_back(in.below(40));
+    lq.push_back(in.below(3) == 0 ? 1 : in.below(24));
+    offsets_q.push_back(offsets_q.back() + lq.back());
+    const int64_t needed = (lk.back() + page_size - 1) / page_size;
+    pages += needed;
+    widest = std::max(widest, needed + in.below(2));
+  }
+  const int64_t kv_heads = 1 + in.below(2);
+  const int64_t heads = kv_heads * std::vector<int64_t>{1, 2, 3, 16}[in.below(4)];
+  const int64_t d = std::vector<int64_t>{1, 3, 16, 32}[in.below(4)], dv = 1 + in.below(17);
+  const bool float32 = in.below(2) == 0;
+  const auto dtype = float32 ? torch::kFloat : torch::kDouble;
+
+  F::ScaledDotProductAttentionOptions options;
+  options.is_causal(in.below(2) == 1);
+  if (in.below(2) == 1) options.causal_alignment(F::CausalAlignment::TopLeft);
+  if (in.below(3) == 0) options.window_left(in.below(3) == 0 ? in.extreme(40) : in.below(12));
+  if (in.below(4) == 0) options.window_right(in.below(3) == 0 ? in.extreme(40) : in.below(12));
+  if (in.below(4) == 0) options.softcap(std::vector<double>{0.5, 2.0, 30.0}[in.below(3)]);
+  if (in.below(4) == 0) options.alibi_slopes(F::alibi_slopes(heads));
+  if (in.below(4) == 0) options.sinks(in.tensor({heads}, dtype));
+  const int64_t scale = in.below(4);
+  if (scale > 0) options.scale(std::vector<double>{0.5, -1.0, 0.0}[scale - 1]);
+  const bool two_threads = in.below(2) == 0;
+
+  // The pool: the sequences' pages in shuffled order, then two that no sequence holds.
+  std::vector<int64_t> order(pages + 2);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(in.next()));
+  auto key_pages = torch::full({pages + 2, kv_heads, page_size, d}, NAN, torch::kDouble);
+  auto value_pages = torch::full({pages + 2, kv_heads, page_size, dv}, NAN, torch::kDouble);
+  auto table = torch::full({count, widest}, -1, torch::kLong);
+  std::vector<torch::Tensor> keys, values;  // each sequence's (T_k, Hkv, d), gathered
+  int64_t next = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    const int64_t needed = (lk[s] + page_size - 1) / page_size;
+    for (int64_t j = 0; j < needed; ++j) {
+      const int64_t page = order[next++];
+      table[s][j] = page;
+      key_pages[page].copy_(in.tensor({kv_heads, page_size, d}, torch::kDouble));
+      value_pages[page].copy_(in.tensor({kv_heads, page_size, dv}, torch::kDouble));
+    }
+    for (int64_t j = needed; j < widest; ++j) {
+      table[s][j] = std::vector<int64_t>{-1, std::numeric_limits<int64_t>::max(),
+                                         std::numeric_limits<int64_t>::min()}[in.below(3)];
+    }
+    const auto gather = [&](const torch::Tensor& pool) {
+      if (needed == 0) return torch::empty({0, kv_heads, pool.size(3)}, torch::kDouble);
+      return pool.index_select(0, table[s].narrow(0, 0, needed))
+          .transpose(1, 2)
+          .reshape({needed * page_size, kv_heads, pool.size(3)})
+          .narrow(0, 0, lk[s]);
+    };
+    keys.push_back(gather(key_pages));
+    values.push_back(gather(value_pages));
+  }
+  const auto q = in.tensor({offsets_q.back(), heads, d}, dtype);
+  auto lengths = torch::tensor(lk, torch::kLong).view({count});
+  // A broken entry or length: every backend must refuse it, before touching memory.
+  const int64_t broken = in.below(8) == 0 && count > 0 ? 1 + in.below(3) : 0;
+  const int64_t victim = count > 0 ? in.below(count) : 0;
+  if (broken == 1 && lk[victim] > 0) table[victim][0] = pages + 2;  // past the pool
+  if (broken == 2 && lk[victim] > 0) table[victim][0] = -1;
+  if (broken == 3) lengths[victim] = widest * page_size + 1;  // more keys than its pages hold
+  // A broken entry is refused where some query sees a key of its page; where none does, the page
+  // may hold anything, and the result must not change.
+  const auto k_pages = key_pages.to(dtype), v_pages = value_pages.to(dtype);
+  const auto cu_q = torch::tensor(offsets_q, torch::kLong);
+
+  std::ostringstream case_text;
+  case_text << "paged_attention: query " << q.sizes() << " key_pages " << k_pages.sizes()
+            << " value_pages " << v_pages.sizes() << " dtype " << q.scalar_type()
+            << " cu_seqlens_q " << cu_q << " key_lengths " << lengths << " page_table " << table
+            << " causal " << options.is_causal() << " top-left "
+            << (options.causal_alignment() == F::CausalAlignment::TopLeft) << " window "
+            << options.window_left().value_or(-1) << "/" << options.window_right().value_or(-1)
+            << " softcap " << options.softcap().value_or(0) << " alibi "
+            << options.alibi_slopes().defined() << " sinks " << options.sinks() << " scale "
+            << (options.scale() ? *options.scale() : -999.0) << " two threads " << two_threads
+            << "\nq " << q << "\nkey pages " << k_pages << "\nvalue pages " << v_pages;
+  described = case_text.str();
+
+  const std::pair<F::Backend, const char*> backends[] = {{F::Backend::Math, "Math (paged)"},
+                                                         {F::Backend::Chunked, "Chunked (paged)"},
+                                                         {F::Backend::Auto, "Auto (paged)"}};
+  const auto paged = [&](F::Backend backend) {
+    torch::NoGradGuard no_grad;
+    const auto o = F::ScaledDotProductAttentionOptions(options).backend(backend);
+    if (!two_threads) return F::paged_attention(q, k_pages, v_pages, cu_q, lengths, table, o);
+    at::set_num_threads(2);
+    try {
+      auto out = F::paged_attention(q, k_pages, v_pages, cu_q, lengths, table, o);
+      at::set_num_threads(1);
+      return out;
+    } catch (...) {
+      at::set_num_threads(1);
+      throw;
+    }
+  };
+  const auto every_backend_refuses = [&](const char* otherwise) {
+    for (const auto& [backend, name] : backends) {
+      bool refused = false;
+      try {
+        paged(backend);
+      } catch (const c10::Error&) {
+        refused = true;
+      }
+      if (!refused) disagree(name, otherwise, 0);
+    }
+  };
+  if (broken == 3) {
+    every_backend_refuses("accepted more keys than a sequence's pages hold");
+    return;
+  }
+  auto reference = options;
+  reference.backend(F::Backend::Math);
+  if (reference.sinks().defined()) reference.sinks(reference.sinks().to(torch::kDouble));
+  std::vector<torch::Tensor> parts;
+  try {
+    for (int64_t s = 0; s < count; ++s) {
+      const auto query = q.to(torch::kDouble).narrow(0, offsets_q[s], lq[s]).transpose(0, 1);
+      parts.push_back(F::scaled_dot_product_attention(
+                          query, keys[s].to(dtype).to(torch::kDouble).transpose(0, 1),
+                          values[s].to(dtype).to(torch::kDouble).transpose(0, 1), reference)
+                          .output.transpose(0, 1));
+    }
+  } catch (const c10::Error&) {
+    every_backend_refuses("accepted what Math refused for a sequence alone");
+    return;
+  }
+  const auto ref =
+      parts.empty() ? torch::zeros({0, heads, dv}, torch::kDouble) : torch::cat(parts, 0);
+  for (const auto& [backend, name] : backends) {
+    torch::Tensor out;
+    try {
+      out = paged(backend);
+    } catch (const c10::Error&) {
+      continue;  // a backend may refuse what it cannot do, with a c10::Error
+    }
+    compare(name, out, ref, float32);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -253,6 +413,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }();
   (void)once;
   check_varlen(data, size);
+  check_paged(data, size);
   Bytes in(data, size);
   const int64_t rank = 2 + in.below(4);
   std::vector<int64_t> lead;

@@ -14,6 +14,8 @@
 //           read-rate          (the machine's memory read rate: a 512 MiB buffer summed)
 //           paged-decode       (one sequence's decoding step over a paged cache and over
 //                               contiguous keys, as keys and values read per second)
+//           paged-prefill      (a prompt chunk over a paged cache, and over contiguous keys
+//                               through varlen_attention)
 
 #include <attention/attention.h>
 
@@ -633,6 +635,63 @@ void bench_paged_decode() {
   }
 }
 
+// A prompt chunk through the pages of a cache (what a serving step that admits a long prompt
+// runs): one sequence, 32 query heads on 8 key/value heads of 128 features, causal, float32;
+// C new tokens after P cached ones, the keys in pages of 16 tokens in shuffled order. Beside it,
+// the same keys contiguous through varlen_attention on Chunked (the prefill kernel's tiles).
+void bench_paged_prefill() {
+  torch::NoGradGuard no_grad;
+  const int64_t heads = 32, kv_heads = 8, d = 128, page = 16;
+  const std::vector<std::pair<int64_t, int64_t>> cases =
+      settings.quick ? std::vector<std::pair<int64_t, int64_t>>{{128, 0}}
+                     : std::vector<std::pair<int64_t, int64_t>>{{2048, 0}, {512, 3584}};
+  for (const auto& [chunk, cached] : cases) {
+    progress(fmt::format("paged-prefill chunk {} after {}", chunk, cached));
+    const int64_t t_k = cached + chunk, pages = (t_k + page - 1) / page;
+    torch::manual_seed(0);
+    const auto q = torch::randn({chunk, heads, d});
+    const auto k = torch::randn({t_k, kv_heads, d});
+    const auto v = torch::randn({t_k, kv_heads, d});
+    std::vector<int64_t> order(pages);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(7));
+    const auto index = torch::tensor(order, torch::kLong);
+    const auto paged = [&](const torch::Tensor& t) {
+      const auto padded = torch::cat({t, torch::zeros({pages * page - t_k, kv_heads, d})});
+      auto pool = torch::empty({pages, kv_heads, page, d});
+      pool.index_copy_(0, index, padded.view({pages, page, kv_heads, d}).transpose(1, 2));
+      return pool;
+    };
+    const auto key_pages = paged(k), value_pages = paged(v);
+    const auto table = index.view({1, pages});
+    const auto starts_q = torch::tensor({int64_t{0}, chunk});
+    const auto starts_k = torch::tensor({int64_t{0}, t_k});
+    const auto lengths = torch::tensor({t_k});
+    const auto options = F::ScaledDotProductAttentionOptions().is_causal(true);
+    // Each query i sees cached + i + 1 keys: 4 d flop per query head and key.
+    const double pairs = static_cast<double>(chunk) * cached + chunk * (chunk + 1) / 2.0;
+    const double gflop = 4.0 * d * heads * pairs / 1e9;
+    const double paged_ms = median_ms(
+        [&] { F::paged_attention(q, key_pages, value_pages, starts_q, lengths, table, options); },
+        settings.repeats);
+    const double varlen_ms = median_ms(
+        [&] {
+          F::varlen_attention(
+              q, k, v, starts_q, starts_k,
+              F::ScaledDotProductAttentionOptions(options).backend(Backend::Chunked));
+        },
+        settings.repeats);
+    const std::string name = fmt::format("chunk{}_after{}", chunk, cached);
+    record("paged-prefill", "cpp.paged." + name, "forward", chunk, paged_ms, gflop);
+    record("paged-prefill", "cpp.varlen_chunked." + name, "forward", chunk, varlen_ms, gflop);
+    progress(
+        fmt::format("paged-prefill chunk {} after {}: paged {:.2f} ms ({:.0f} GFLOP/s), "
+                    "varlen on Chunked {:.2f} ms ({:.0f} GFLOP/s): paged / varlen = {:.2f}",
+                    chunk, cached, paged_ms, gflop * 1000.0 / paged_ms, varlen_ms,
+                    gflop * 1000.0 / varlen_ms, paged_ms / varlen_ms));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -651,7 +710,7 @@ int main(int argc, char** argv) {
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
-          "        read-rate paged-decode\n");
+          "        read-rate paged-decode paged-prefill\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -689,6 +748,8 @@ int main(int argc, char** argv) {
       read_rate_gb_per_s();
     } else if (g == "paged-decode") {
       bench_paged_decode();
+    } else if (g == "paged-prefill") {
+      bench_paged_prefill();
     } else if (g.rfind("long:", 0) == 0) {
       const auto colon = g.find(':', 5);
       bench_long(g.substr(5, colon - 5), std::stoll(g.substr(colon + 1)));

@@ -5,19 +5,25 @@
 // for all of its rows, which is what a decoding step (one query, many keys) is bound by. Each
 // row keeps a running maximum, sum and weighted values: they are the output when the item holds
 // all of the row's keys, and are merged with the other parts' otherwise (split-KV decoding, as
-// FlashDecoding: one sequence's step uses every thread).
+// FlashDecoding: one sequence's step uses every thread). An item of many rows (a multi-query
+// step, a prompt chunk) meets its keys and values in matrix products instead, on the columns
+// that every one of its rows sees (matrix_tile), and one row at a time on the others (row_tile).
 
 #include "kernels/paged.h"
+#include "gemm/small_gemm.h"
 #include "kernels/cpu/decode_products.h"
+#include "kernels/cpu/softmax_step.h"
 #include "kernels/cpu/tile.h"
 #include "memory/tile_pool.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -28,9 +34,22 @@ namespace {
 using torch::Tensor;
 
 thread_local int64_t last_parts = 0;
+thread_local int64_t last_matrix_tiles = 0;
 
-// Keys per tile of scores.
+// Keys per tile of scores: of the one-row products, and of the matrix products (larger: each
+// product's fixed costs, the transposes and the softmax step's calls, are spread over more keys).
 constexpr int64_t kPagedKeyTile = 64;
+constexpr int64_t kMatrixKeyTile = 256;
+// The row stride of a tile's scores: room for a matrix tile's keys rounded up to the products'
+// granule.
+constexpr int64_t kScoresLd = kMatrixKeyTile + cpu::kSmallGemmGranule;
+// Items of at least this many rows, a multiple of it, take matrix products: each key then
+// carries enough arithmetic (2 x rows flop per feature) that the one-row products run behind
+// the memory.
+constexpr int64_t kMatrixRows = cpu::kSmallGemmGranule;
+// The most rows of a prompt chunk's item (kPagedItemRows for decoding steps): each key and value
+// is copied and widened once per item, and the products' rate grows with their rows.
+constexpr int64_t kMatrixItemRows = 128;
 // When the split is decided by the threads, a part holds at least this many keys: fewer would
 // cost more in merging than they save.
 constexpr int64_t kMinPartKeys = 256;
@@ -80,6 +99,21 @@ struct Pages {
   }
 };
 
+// A row of keys or values into the matrix products' buffer: copied, or widened from bfloat16
+// (on the processor's widest vectors: this file is built for the baseline instruction set).
+ATTENTION_MULTIVERSION void widen_bf16_row(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) out[c] = widen(c10::BFloat16(in[c], c10::BFloat16::from_bits()));
+}
+template <typename In, typename Acc>
+void copy_row(const In* in, Acc* out, int64_t n) {
+  if constexpr (std::is_same_v<In, Acc>) {
+    std::memcpy(out, in, static_cast<size_t>(n) * sizeof(Acc));
+  } else {
+    static_assert(std::is_same_v<In, c10::BFloat16> && std::is_same_v<Acc, float>);
+    widen_bf16_row(reinterpret_cast<const uint16_t*>(in), out, n);
+  }
+}
+
 // Asks for `count` rows of `width` elements, a cache line at a time.
 template <typename In>
 void prefetch_rows(const In* const* rows, int64_t count, int64_t width) {
@@ -97,42 +131,6 @@ struct PagedItem {
   int64_t key_begin, key_end;  // the part's keys, counted in the sequence
   double cost;
 };
-
-// The online-softmax step of one row on its scores s[0, cols): they become exp(s - new maximum)
-// and join the sum (NaN once a score is NaN or +inf); the accumulated values are rescaled to the
-// new maximum.
-template <typename Acc>
-ATTENTION_ALWAYS_INLINE void online_row(Acc* s, int64_t cols, Acc& max, Acc& sum, Acc* acc,
-                                        int64_t dv) {
-  constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
-  Acc row_max = -kInf;
-  int nan = 0;
-#pragma omp simd reduction(max : row_max) reduction(| : nan)
-  for (int64_t j = 0; j < cols; ++j) {
-    row_max = s[j] > row_max ? s[j] : row_max;
-    nan |= s[j] != s[j];
-  }
-  if (nan || row_max == kInf) sum = std::numeric_limits<Acc>::quiet_NaN();
-  const Acc new_max = row_max > max ? row_max : max;
-  if (new_max == -kInf) {  // nothing seen yet: nothing to add
-    std::fill(s, s + cols, Acc(0));
-    return;
-  }
-  Acc added = 0;
-#pragma omp simd reduction(+ : added)
-  for (int64_t j = 0; j < cols; ++j) {
-    const Acc e = cpu::exp_nonpositive(s[j] - new_max);
-    s[j] = e;
-    added += e;
-  }
-  const Acc correction = cpu::exp_nonpositive(max - new_max);
-  sum = sum * correction + added;
-  max = new_max;
-  if (correction != Acc(1)) {
-#pragma omp simd
-    for (int64_t c = 0; c < dv; ++c) acc[c] *= correction;
-  }
-}
 
 template <typename In, typename Acc>
 class PagedForward {
@@ -160,33 +158,47 @@ class PagedForward {
   void run() {
     make_items();
     last_parts = parts_;
+    last_matrix_tiles = 0;
     if (items_.empty()) return;
     partials_.resize(parts_ > 1 ? partial_offset_.back() : 0);
     cpu::run_dearest_first(
-        items_, [&] { return Buffers(p_, max_rows_); },
+        items_, [&] { return Buffers(p_, max_rows_, matrix_items_); },
         [&](const PagedItem& item, Buffers& w) { run_item(item, w); });
     if (parts_ > 1) {
       at::parallel_for(0, static_cast<int64_t>(bases_.size()), 1, [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) merge(b);
       });
     }
+    last_matrix_tiles = matrix_tiles_.load();
   }
 
  private:
   void make_items() {
     const Sequences& sequences = *p_.sequences;
-    const int64_t nq_max = std::max<int64_t>(1, kPagedItemRows / p_.g);
+    const int64_t decode_queries = std::max<int64_t>(1, kPagedItemRows / p_.g);
+    const int64_t chunk_queries = matrix_chunk_queries();
+    // The fewest queries whose rows are a multiple of the products' granule.
+    const int64_t granule_queries = kMatrixRows / std::gcd(kMatrixRows, p_.g);
     problems_.reserve(sequences.count());
     for (int64_t s = 0; s < sequences.count(); ++s) {
       problems_.push_back(p_.sequence(s));
       const Problem& one = problems_.back();
       for (int64_t kv = 0; kv < p_.n; ++kv) {
-        for (int64_t i0 = 0; i0 < one.t_q; i0 += nq_max) {
-          const int64_t nq = std::min(nq_max, one.t_q - i0);
+        // A prompt chunk's items hold more rows when the matrix products can take them.
+        const bool chunk = one.t_q * p_.g > kPagedItemRows && chunk_queries > 0;
+        const int64_t nq_max = chunk ? chunk_queries : decode_queries;
+        for (int64_t i0 = 0, nq = 0; i0 < one.t_q; i0 += nq) {
+          nq = std::min(nq_max, one.t_q - i0);
+          // A chunk's last item keeps its rows a multiple of the granule where it can; the few
+          // queries left over make an item of their own.
+          if (chunk && nq >= granule_queries) {
+            nq = nq / granule_queries * granule_queries;
+          }
           const int64_t begin = keys_begin(one, i0);
           const int64_t end = std::max(begin, keys_end(one, i0, nq));
           bases_.push_back({s, kv, i0, nq, static_cast<int64_t>(bases_.size()), 0, begin, end, 0});
           max_rows_ = std::max(max_rows_, p_.g * nq);
+          matrix_items_ = matrix_items_ || takes_matrices(p_.g * nq);
         }
       }
     }
@@ -210,6 +222,15 @@ class PagedForward {
     }
   }
 
+  // The queries of a prompt chunk's item: the most whose rows (x the group's query heads) are a
+  // multiple of the products' granule and at most kMatrixItemRows; 0 where none is.
+  int64_t matrix_chunk_queries() const {
+    for (int64_t nq = kMatrixItemRows / p_.g; nq > 0; --nq) {
+      if ((nq * p_.g) % kMatrixRows == 0) return nq;
+    }
+    return 0;
+  }
+
   // Parts per item: as asked, or, when there are fewer items than threads, enough that every
   // thread has one, keeping at least kMinPartKeys keys in a part of the longest item.
   int64_t parts_for() const {
@@ -224,7 +245,10 @@ class PagedForward {
     return std::clamp<int64_t>(std::min(wanted, longest / kMinPartKeys), 1, most);
   }
 
-  // One thread's buffers, kept for every item it takes.
+  // One thread's buffers, kept for every item it takes. The matrix route's (null when no item
+  // takes it): the queries transposed (d x rows), a tile's keys and values widened into rows of
+  // their own (zero rows up to the products' granule), its scores as the keys x rows product,
+  // and the values' product before it joins `acc`.
   struct Buffers {
     cpu::TileLease lease;
     Acc *acc, *max, *sum, *q, *s;
@@ -232,22 +256,38 @@ class PagedForward {
     const In** v_ptr;
     int64_t* lo;
     int64_t* hi;
-    Buffers(const Problem& p, int64_t rows)
-        : lease(bytes(p, rows)),
+    Acc *q_t = nullptr, *keys = nullptr, *values = nullptr, *s_t = nullptr, *scratch = nullptr;
+    Buffers(const Problem& p, int64_t rows, bool matrix)
+        : lease(bytes(p, rows, matrix)),
           acc(lease.take<Acc>(rows * p.dv)),
           max(lease.take<Acc>(rows)),
           sum(lease.take<Acc>(rows)),
           q(lease.take<Acc>(rows * p.d)),
-          s(lease.take<Acc>(rows * kPagedKeyTile)),
-          k_ptr(lease.take<const In*>(kPagedKeyTile)),
-          v_ptr(lease.take<const In*>(kPagedKeyTile)),
+          s(lease.take<Acc>(rows * kScoresLd)),
+          k_ptr(lease.take<const In*>(kMatrixKeyTile)),
+          v_ptr(lease.take<const In*>(kMatrixKeyTile)),
           lo(lease.take<int64_t>(rows)),
-          hi(lease.take<int64_t>(rows)) {}
-    static size_t bytes(const Problem& p, int64_t rows) {
+          hi(lease.take<int64_t>(rows)) {
+      if (!matrix) return;
+      q_t = lease.take<Acc>(p.d * rows);
+      keys = lease.take<Acc>(kMatrixKeys * p.d);
+      values = lease.take<Acc>(kMatrixKeys * p.dv);
+      s_t = lease.take<Acc>(kMatrixKeys * rows);
+      scratch = lease.take<Acc>(rows * p.dv);
+    }
+    static constexpr int64_t kMatrixKeys = kMatrixKeyTile + cpu::kSmallGemmGranule;
+    static size_t bytes(const Problem& p, int64_t rows, bool matrix) {
       using L = cpu::TileLease;
-      return L::tile_bytes<Acc>(rows * p.dv) + 2 * L::tile_bytes<Acc>(rows) +
-             L::tile_bytes<Acc>(rows * p.d) + L::tile_bytes<Acc>(rows * kPagedKeyTile) +
-             2 * L::tile_bytes<const In*>(kPagedKeyTile) + 2 * L::tile_bytes<int64_t>(rows);
+      size_t total = L::tile_bytes<Acc>(rows * p.dv) + 2 * L::tile_bytes<Acc>(rows) +
+                     L::tile_bytes<Acc>(rows * p.d) + L::tile_bytes<Acc>(rows * kScoresLd) +
+                     2 * L::tile_bytes<const In*>(kMatrixKeyTile) +
+                     2 * L::tile_bytes<int64_t>(rows);
+      if (matrix) {
+        total += L::tile_bytes<Acc>(p.d * rows) + L::tile_bytes<Acc>(kMatrixKeys * p.d) +
+                 L::tile_bytes<Acc>(kMatrixKeys * p.dv) + L::tile_bytes<Acc>(kMatrixKeys * rows) +
+                 L::tile_bytes<Acc>(rows * p.dv);
+      }
+      return total;
     }
   };
 
@@ -275,81 +315,176 @@ class PagedForward {
   }
 
   // The item's keys, a tile at a time: each key and value read once from its page for all rows.
+  // An item of many rows takes, in each tile, the columns every row sees in matrix products, and
+  // the columns some rows do not (across the causal diagonal or a window's edge) one row at a time.
   void attend(const PagedItem& it, Buffers& w) const {
     const Problem& ps = problems_[it.sequence];
     const int64_t* table = table_ + it.sequence * table_ld_;
     const int64_t q0 = p_.sequences->query_begin(it.sequence);
-    const int64_t rows = p_.g * it.nq, d = p_.d, dv = p_.dv, ld = kPagedKeyTile;
+    const int64_t rows = p_.g * it.nq, d = p_.d;
     const Acc scale = static_cast<Acc>(p_.scale);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t m = it.kv * p_.g + r / it.nq, i = q0 + it.i0 + r % it.nq;
       const Acc* from = q_.row(m, i);
       for (int64_t c = 0; c < d; ++c) w.q[r * d + c] = from[c] * scale;
     }
-    const std::vector<int64_t> no_mask;
-    for (int64_t j0 = it.key_begin; j0 < it.key_end; j0 += kPagedKeyTile) {
-      const int64_t cols = std::min(kPagedKeyTile, it.key_end - j0);
-      // Each row's columns: the keys of the tile it sees.
-      int64_t lo = cols, hi = 0;
+    if (!takes_matrices(rows)) {
+      for (int64_t j0 = it.key_begin; j0 < it.key_end; j0 += kPagedKeyTile) {
+        row_tile(it, w, ps, table, j0, std::min(kPagedKeyTile, it.key_end - j0));
+      }
+      return;
+    }
+    cpu::transpose_scaled<Acc>(w.q, d, rows, d, Acc(1), w.q_t, rows);
+    for (int64_t j0 = it.key_begin; j0 < it.key_end; j0 += kMatrixKeyTile) {
+      const int64_t cols = std::min(kMatrixKeyTile, it.key_end - j0);
+      // The columns [begin, end) of the tile that every row sees.
+      int64_t begin = 0, end = cols;
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = it.i0 + r % it.nq;
-        w.lo[r] = std::clamp<int64_t>(visible_begin(ps, i) - j0, 0, cols);
-        w.hi[r] = std::clamp<int64_t>(visible_end(ps, i) - j0, w.lo[r], cols);
-        if (w.hi[r] > w.lo[r]) {
-          lo = std::min(lo, w.lo[r]);
-          hi = std::max(hi, w.hi[r]);
-        }
+        begin = std::max(begin, visible_begin(ps, i) - j0);
+        end = std::min(end, visible_end(ps, i) - j0);
       }
-      if (hi <= lo) continue;  // no row sees a key of this tile
-      k_.rows(table, it.kv, j0 + lo, hi - lo, w.k_ptr + lo);
-      v_.rows(table, it.kv, j0 + lo, hi - lo, w.v_ptr + lo);
-      // Scores of every row against the keys some row sees, while the values they weigh are on
-      // their way to the cache (rows a page apart are in no order a hardware prefetcher follows).
-      if (products_ != nullptr) {
-        prefetch_rows(w.v_ptr + lo, hi - lo, dv);
-        vector_scores(w.q, rows, w.k_ptr + lo, hi - lo, w.s + lo, ld);
-      } else {
-        for (int64_t j = lo; j < hi; ++j) {
-          const In* key = w.k_ptr[j];
-          for (int64_t r = 0; r < rows; ++r) {
-            const Acc* q = w.q + r * d;
-            Acc dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t c = 0; c < d; ++c) dot += q[c] * widen(key[c]);
-            w.s[r * ld + j] = dot;
-          }
-        }
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t a = w.lo[r], b = w.hi[r];
-        Acc* s = w.s + r * ld;
-        if (b > a) {
-          const int64_t m = it.kv * p_.g + r / it.nq, i = it.i0 + r % it.nq;
-          if (ps.transforms_scores()) {
-            cpu::prepare_scores<Acc>(ps, no_mask, m, i, 1, j0 + a, b - a, s + a, ld, nullptr);
-          }
-          online_row(s + a, b - a, w.max[r], w.sum[r], w.acc + r * dv, dv);
-        }
-        // Probabilities of the columns the row does not see are 0.
-        std::fill(s + lo, s + a, Acc(0));
-        std::fill(s + std::max(a, b), s + hi, Acc(0));
-      }
-      // The weighted values (a value a row gives no weight is not read for it).
-      if (products_ != nullptr) {
-        vector_values(w.s + lo, ld, rows, w.v_ptr + lo, hi - lo, w.acc);
+      if (end - begin < cpu::kSmallGemmGranule) {
+        row_tile(it, w, ps, table, j0, cols);
         continue;
       }
+      if (begin > 0) row_tile(it, w, ps, table, j0, begin);
+      matrix_tile(it, w, ps, table, j0 + begin, end - begin);
+      if (end < cols) row_tile(it, w, ps, table, j0 + end, cols - end);
+    }
+  }
+
+  // Keys [j0, j0 + cols) against every row of the item, one row at a time.
+  void row_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
+                int64_t j0, int64_t cols) const {
+    const int64_t rows = p_.g * it.nq, d = p_.d, dv = p_.dv, ld = kScoresLd;
+    const std::vector<int64_t> no_mask;
+    // Each row's columns: the keys of the tile it sees.
+    int64_t lo = cols, hi = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = it.i0 + r % it.nq;
+      w.lo[r] = std::clamp<int64_t>(visible_begin(ps, i) - j0, 0, cols);
+      w.hi[r] = std::clamp<int64_t>(visible_end(ps, i) - j0, w.lo[r], cols);
+      if (w.hi[r] > w.lo[r]) {
+        lo = std::min(lo, w.lo[r]);
+        hi = std::max(hi, w.hi[r]);
+      }
+    }
+    if (hi <= lo) return;  // no row sees a key of this tile
+    k_.rows(table, it.kv, j0 + lo, hi - lo, w.k_ptr + lo);
+    v_.rows(table, it.kv, j0 + lo, hi - lo, w.v_ptr + lo);
+    // Scores of every row against the keys some row sees, while the values they weigh are on
+    // their way to the cache (rows a page apart are in no order a hardware prefetcher follows).
+    if (products_ != nullptr) {
+      prefetch_rows(w.v_ptr + lo, hi - lo, dv);
+      vector_scores(w.q, rows, w.k_ptr + lo, hi - lo, w.s + lo, ld);
+    } else {
       for (int64_t j = lo; j < hi; ++j) {
-        const In* value = w.v_ptr[j];
+        const In* key = w.k_ptr[j];
         for (int64_t r = 0; r < rows; ++r) {
-          const Acc weight = w.s[r * ld + j];
-          if (weight == Acc(0)) continue;
-          Acc* acc = w.acc + r * dv;
-#pragma omp simd
-          for (int64_t c = 0; c < dv; ++c) acc[c] += weight * widen(value[c]);
+          const Acc* q = w.q + r * d;
+          Acc dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t c = 0; c < d; ++c) dot += q[c] * widen(key[c]);
+          w.s[r * ld + j] = dot;
         }
       }
     }
+    const bool uniform = every_row_sees(w, rows, lo, hi);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t a = w.lo[r], b = w.hi[r];
+      Acc* s = w.s + r * ld;
+      if (b > a) {
+        const int64_t m = it.kv * p_.g + r / it.nq, i = it.i0 + r % it.nq;
+        if (ps.transforms_scores()) {
+          cpu::prepare_scores<Acc>(ps, no_mask, m, i, 1, j0 + a, b - a, s + a, ld, nullptr);
+        }
+        if (!uniform) {
+          cpu::online_softmax_step(s + a, 1, b - a, ld, false, 0, w.max + r, w.sum + r,
+                                   w.acc + r * dv, dv, dv);
+        }
+      }
+      // Probabilities of the columns the row does not see are 0.
+      std::fill(s + lo, s + a, Acc(0));
+      std::fill(s + std::max(a, b), s + hi, Acc(0));
+    }
+    if (uniform) {
+      cpu::online_softmax_step(w.s + lo, rows, hi - lo, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
+    }
+    // The weighted values (a value a row gives no weight is not read for it).
+    if (products_ != nullptr) {
+      vector_values(w.s + lo, ld, rows, w.v_ptr + lo, hi - lo, w.acc);
+      return;
+    }
+    for (int64_t j = lo; j < hi; ++j) {
+      const In* value = w.v_ptr[j];
+      for (int64_t r = 0; r < rows; ++r) {
+        const Acc weight = w.s[r * ld + j];
+        if (weight == Acc(0)) continue;
+        Acc* acc = w.acc + r * dv;
+#pragma omp simd
+        for (int64_t c = 0; c < dv; ++c) acc[c] += weight * widen(value[c]);
+      }
+    }
+  }
+
+  // Whether an item of `rows` rows meets its keys in matrix products.
+  static bool takes_matrices(int64_t rows) {
+    return rows >= kMatrixRows && rows % kMatrixRows == 0;
+  }
+
+  // Whether every row of the item sees all of the tile's columns [lo, hi) and no other.
+  static bool every_row_sees(const Buffers& w, int64_t rows, int64_t lo, int64_t hi) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (w.lo[r] != lo || w.hi[r] != hi) return false;
+    }
+    return true;
+  }
+
+  // Keys [j0, j0 + cols), which every row of the item sees, through two matrix products: the keys
+  // and values are widened into rows of their own (zero rows up to the products' granule, whose
+  // weights are 0), the scores made as keys x queries^T and turned back to rows, the softmax step
+  // taken for all rows at once, and the weighted values added as one product. No row meets a
+  // value it does not see, so a NaN or inf there stays out of it, as the one-row products keep it.
+  void matrix_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
+                   int64_t j0, int64_t cols) const {
+    const int64_t rows = p_.g * it.nq, d = p_.d, dv = p_.dv, ld = kScoresLd;
+    const int64_t padded =
+        (cols + cpu::kSmallGemmGranule - 1) / cpu::kSmallGemmGranule * cpu::kSmallGemmGranule;
+    k_.rows(table, it.kv, j0, cols, w.k_ptr);
+    v_.rows(table, it.kv, j0, cols, w.v_ptr);
+    for (int64_t j = 0; j < cols; ++j) {
+      copy_row(w.k_ptr[j], w.keys + j * d, d);
+      copy_row(w.v_ptr[j], w.values + j * dv, dv);
+    }
+    std::fill(w.keys + cols * d, w.keys + padded * d, Acc(0));
+    std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
+    // The next keys are asked for while these products run (rows a page apart are in no order a
+    // hardware prefetcher follows) where the step reads them once: a prompt chunk's items read
+    // the same keys one after another, from the cache.
+    const int64_t next = std::min(kMatrixKeyTile, it.key_end - (j0 + cols));
+    if (next > 0 && ps.t_q * p_.g <= kMatrixItemRows) {
+      k_.rows(table, it.kv, j0 + cols, next, w.k_ptr);
+      v_.rows(table, it.kv, j0 + cols, next, w.v_ptr);
+      prefetch_rows(w.k_ptr, next, d);
+      prefetch_rows(w.v_ptr, next, dv);
+    }
+    cpu::gemm<Acc>(false, false, padded, rows, d, Acc(1), w.keys, d, w.q_t, rows, Acc(0), w.s_t,
+                   rows);
+    cpu::transpose_scaled<Acc>(w.s_t, rows, cols, rows, Acc(1), w.s, ld);
+    const std::vector<int64_t> no_mask;
+    for (int64_t r = 0; r < rows; ++r) {
+      Acc* row = w.s + r * ld;
+      if (ps.transforms_scores()) {
+        const int64_t m = it.kv * p_.g + r / it.nq, i = it.i0 + r % it.nq;
+        cpu::prepare_scores<Acc>(ps, no_mask, m, i, 1, j0, cols, row, ld, nullptr);
+      }
+      std::fill(row + cols, row + padded, Acc(0));
+    }
+    cpu::online_softmax_step(w.s, rows, cols, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
+    cpu::gemm<Acc>(false, false, rows, dv, padded, Acc(1), w.s, ld, w.values, dv, Acc(1), w.acc, dv,
+                   w.scratch);
+    ++matrix_tiles_;
   }
 
   // The products on this processor's vector instructions (products_ is set for float and
@@ -436,6 +571,8 @@ class PagedForward {
   std::vector<int64_t> partial_offset_;
   std::vector<Acc> partials_;
   int64_t parts_ = 1, max_rows_ = 1;
+  bool matrix_items_ = false;  // whether some item takes matrix products
+  mutable std::atomic<int64_t> matrix_tiles_{0};
 };
 
 // Pages whose rows are contiguous, as the kernel reads them (a cache's pools are).
@@ -447,6 +584,10 @@ Tensor rows_in_place(const Tensor& pages) {
 
 int64_t paged_forward_last_parts() {
   return last_parts;
+}
+
+int64_t paged_forward_last_matrix_tiles() {
+  return last_matrix_tiles;
 }
 
 bool paged_forward_applies(const Tensor& query) {
