@@ -3,6 +3,7 @@
 /// \file
 /// Umbrella header: everything the library offers.
 
+#include <attention/block_mask.h>
 #include <attention/causal_self_attention.h>
 #include <attention/conversions.h>
 #include <attention/cross_attention.h>

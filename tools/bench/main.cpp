@@ -16,6 +16,9 @@
 //                               contiguous keys, as keys and values read per second)
 //           paged-prefill      (a prompt chunk over a paged cache, and over contiguous keys
 //                               through varlen_attention)
+//           block-mask:T       (building a document mask with causal attention inside each
+//                               document, by its builders and from a mask function, beside the
+//                               causal attention call it serves)
 
 #include <attention/attention.h>
 
@@ -33,6 +36,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -692,6 +696,54 @@ void bench_paged_prefill() {
   }
 }
 
+// Building block masks (attention/block_mask.h) for T positions: 16 documents of equal length
+// with causal attention inside each, from the builders (classes from each block's first and last
+// position) and from a mask function asked about every element; beside them, the causal attention
+// call such a mask serves (B=1, H=8, head size 64, Chunked), and each mask's memory.
+void bench_block_mask(int64_t t) {
+  torch::NoGradGuard no_grad;
+  using attention::BlockMask;
+  const int64_t documents = 16, length = (t + documents - 1) / documents;
+  std::vector<int64_t> ids(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = i / length;
+  const auto id_tensor = torch::tensor(ids);
+  progress(fmt::format("block-mask {} builders", t));
+  BlockMask built = BlockMask::causal(1, 1);
+  const double builders_ms = median_ms(
+      [&] { built = BlockMask::document(id_tensor) & BlockMask::causal(t, t); }, settings.repeats);
+  progress(fmt::format("block-mask {} from a function", t));
+  const auto same_document = [&ids](int64_t, int64_t, int64_t q, int64_t kv) {
+    return kv <= q && ids[static_cast<size_t>(q)] == ids[static_cast<size_t>(kv)];
+  };
+  BlockMask evaluated = BlockMask::causal(1, 1);
+  const double function_ms =
+      median_ms([&] { evaluated = BlockMask::from_function(same_document, 1, 1, t, t); }, 1, false);
+  progress(fmt::format("block-mask {} causal attention", t));
+  auto q = torch::randn({1, 8, t, 64}), k = torch::randn_like(q), v = torch::randn_like(q);
+  const double attention_ms = median_ms(
+      [&] {
+        F::scaled_dot_product_attention(
+            q, k, v,
+            F::ScaledDotProductAttentionOptions().is_causal(true).backend(Backend::Chunked));
+      },
+      1);
+  const double blocks = static_cast<double>(built.q_blocks() * built.kv_blocks());
+  std::ostringstream described;
+  described << built;
+  record("block-mask", "cpp.build.builders", "build", t, builders_ms, 0, blocks / 1048576.0);
+  record("block-mask", "cpp.build.from_function", "build", t, function_ms, 0, blocks / 1048576.0);
+  record("block-mask", "cpp.core.chunked.causal", "forward", t, attention_ms,
+         2.0 * 8 * t * t * 64 / 1e9);
+  progress(fmt::format(
+      "block-mask {}: {} ({} bytes of classes); builders {:.3f} ms, from_function {:.0f} ms, "
+      "the causal call it serves {:.0f} ms; builders / call = {:.5f}, from_function / call = "
+      "{:.2f}; the two agree: {}",
+      t, described.str(), built.q_blocks() * built.kv_blocks(), builders_ms, function_ms,
+      attention_ms, builders_ms / attention_ms, function_ms / attention_ms,
+      torch::equal(built.full_kv_indices(), evaluated.full_kv_indices()) &&
+          torch::equal(built.kv_num_blocks(), evaluated.kv_num_blocks())));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -710,7 +762,7 @@ int main(int argc, char** argv) {
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
-          "        read-rate paged-decode paged-prefill\n");
+          "        read-rate paged-decode paged-prefill block-mask:T\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -750,6 +802,8 @@ int main(int argc, char** argv) {
       bench_paged_decode();
     } else if (g == "paged-prefill") {
       bench_paged_prefill();
+    } else if (g.rfind("block-mask:", 0) == 0) {
+      bench_block_mask(std::stoll(g.substr(11)));
     } else if (g.rfind("long:", 0) == 0) {
       const auto colon = g.find(':', 5);
       bench_long(g.substr(5, colon - 5), std::stoll(g.substr(colon + 1)));

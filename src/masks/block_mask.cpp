@@ -1,0 +1,417 @@
+// Block masks (attention/block_mask.h): a class per block, kept in one byte, and the mask function
+// that decides inside partial blocks. The builders classify a block from its first and last query
+// and key, in O(blocks); from_function() asks the function about every element.
+
+#include <attention/block_mask.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace attention {
+namespace {
+
+using Block = BlockMask::Block;
+using functional::CausalAlignment;
+
+// The most blocks a mask holds (one byte each).
+constexpr int64_t kMaxBlocks = int64_t{1} << 32;
+
+// ceil(n / block) without overflow.
+int64_t blocks_of(int64_t n, int64_t block) {
+  return n / block + (n % block != 0 ? 1 : 0);
+}
+
+// What the causal builders call a query's position: i + t_k - t_q (bottom-right) or i.
+int64_t position_offset(int64_t t_q, int64_t t_k, CausalAlignment alignment) {
+  return alignment == CausalAlignment::BottomRight ? t_k - t_q : 0;
+}
+
+Block class_of(bool any_visible, bool any_hidden) {
+  if (!any_hidden) return Block::Full;
+  return any_visible ? Block::Partial : Block::Empty;
+}
+
+// The first failure of the mask function among the blocks evaluated in parallel: the one of the
+// lowest block index, so that the error does not depend on the threads.
+struct FirstFailure {
+  std::mutex mutex;
+  int64_t index = std::numeric_limits<int64_t>::max();
+  std::string message;
+  void record(int64_t at, std::string what) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (at < index) {
+      index = at;
+      message = std::move(what);
+    }
+  }
+};
+
+}  // namespace
+
+BlockMask::BlockMask(MaskFunction visible, int64_t batch, int64_t heads, int64_t t_q, int64_t t_k,
+                     int64_t block_size, const char* caller)
+    : visible_(std::move(visible)),
+      batch_(batch),
+      heads_(heads),
+      t_q_(t_q),
+      t_k_(t_k),
+      block_size_(block_size) {
+  TORCH_CHECK_VALUE(batch >= 1, caller, ": expected batch >= 1 (1 broadcasts), got ", batch);
+  TORCH_CHECK_VALUE(heads >= 1, caller, ": expected heads >= 1 (1 broadcasts), got ", heads);
+  TORCH_CHECK_VALUE(t_q >= 0, caller, ": expected t_q >= 0, got ", t_q);
+  TORCH_CHECK_VALUE(t_k >= 0, caller, ": expected t_k >= 0, got ", t_k);
+  TORCH_CHECK_VALUE(block_size >= 1, caller, ": expected block_size >= 1, got ", block_size);
+  TORCH_CHECK_VALUE(static_cast<bool>(visible_), caller, ": expected a mask function, got none");
+  q_blocks_ = blocks_of(t_q, block_size);
+  kv_blocks_ = blocks_of(t_k, block_size);
+  // batch x heads x q_blocks x kv_blocks, refused before it can overflow.
+  int64_t total = 1;
+  bool fits = true;
+  for (const int64_t n : {batch, heads, q_blocks_, kv_blocks_}) {
+    if (n != 0 && total > kMaxBlocks / n) fits = false;
+    total = fits ? total * n : total;
+  }
+  TORCH_CHECK_VALUE(fits, caller, ": a mask of ", batch, " x ", heads, " x ", q_blocks_, " x ",
+                    kv_blocks_, " blocks of ", block_size,
+                    " does not fit: expected at most 2^32 blocks (batch x heads x query blocks x "
+                    "key blocks; a larger block_size makes fewer)");
+  blocks_.assign(static_cast<size_t>(total), static_cast<uint8_t>(Block::Empty));
+}
+
+uint8_t& BlockMask::at(int64_t b, int64_t h, int64_t q_block, int64_t kv_block) {
+  return blocks_[static_cast<size_t>(((b * heads_ + h) * q_blocks_ + q_block) * kv_blocks_ +
+                                     kv_block)];
+}
+
+uint8_t BlockMask::at(int64_t b, int64_t h, int64_t q_block, int64_t kv_block) const {
+  return blocks_[static_cast<size_t>(((b * heads_ + h) * q_blocks_ + q_block) * kv_blocks_ +
+                                     kv_block)];
+}
+
+void BlockMask::classify_blocks(
+    const std::function<Block(int64_t, int64_t, int64_t, int64_t)>& classify) {
+  for (int64_t qb = 0; qb < q_blocks_; ++qb) {
+    const int64_t q0 = qb * block_size_, q1 = std::min(t_q_, q0 + block_size_);
+    for (int64_t kb = 0; kb < kv_blocks_; ++kb) {
+      const int64_t k0 = kb * block_size_, k1 = std::min(t_k_, k0 + block_size_);
+      at(0, 0, qb, kb) = static_cast<uint8_t>(classify(q0, q1, k0, k1));
+    }
+  }
+}
+
+BlockMask BlockMask::from_function(MaskFunction visible, int64_t batch, int64_t heads, int64_t t_q,
+                                   int64_t t_k, int64_t block_size) {
+  constexpr const char* kName = "BlockMask::from_function";
+  BlockMask mask(std::move(visible), batch, heads, t_q, t_k, block_size, kName);
+  const int64_t total = static_cast<int64_t>(mask.blocks_.size());
+  FirstFailure failure;
+  at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t kb = index % mask.kv_blocks_, qb = index / mask.kv_blocks_ % mask.q_blocks_;
+      const int64_t h = index / mask.kv_blocks_ / mask.q_blocks_ % heads;
+      const int64_t b = index / mask.kv_blocks_ / mask.q_blocks_ / heads;
+      const int64_t q0 = qb * block_size, q1 = std::min(t_q, q0 + block_size);
+      const int64_t k0 = kb * block_size, k1 = std::min(t_k, k0 + block_size);
+      bool any_visible = false, any_hidden = false;
+      int64_t q = q0, kv = k0;
+      try {
+        for (q = q0; q < q1 && !(any_visible && any_hidden); ++q) {
+          for (kv = k0; kv < k1; ++kv) {
+            (mask.visible_(b, h, q, kv) ? any_visible : any_hidden) = true;
+            if (any_visible && any_hidden) break;
+          }
+        }
+      } catch (const std::exception& e) {
+        std::ostringstream what;
+        what << kName << ": the mask function threw at block (b=" << b << ", h=" << h
+             << ", query block " << qb << ", key block " << kb << "), query " << q << ", key " << kv
+             << ": " << e.what();
+        failure.record(index, what.str());
+        continue;
+      }
+      mask.blocks_[static_cast<size_t>(index)] =
+          static_cast<uint8_t>(class_of(any_visible, any_hidden));
+    }
+  });
+  TORCH_CHECK(failure.message.empty(), failure.message);
+  return mask;
+}
+
+BlockMask BlockMask::causal(int64_t t_q, int64_t t_k, int64_t block_size,
+                            CausalAlignment alignment) {
+  const int64_t offset = position_offset(t_q, t_k, alignment);
+  BlockMask mask([offset](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q + offset; }, 1,
+                 1, t_q, t_k, block_size, "BlockMask::causal");
+  mask.classify_blocks([offset](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    // Its first query sees its last key: full; its last query does not see its first: empty.
+    return class_of(k0 <= q1 - 1 + offset, k1 - 1 > q0 + offset);
+  });
+  return mask;
+}
+
+BlockMask BlockMask::sliding_window(int64_t t_q, int64_t t_k, int64_t window_left,
+                                    int64_t block_size, CausalAlignment alignment) {
+  constexpr const char* kName = "BlockMask::sliding_window";
+  TORCH_CHECK_VALUE(window_left >= 0, kName, ": expected window_left >= 0, got ", window_left);
+  const int64_t offset = position_offset(t_q, t_k, alignment);
+  // pos - kv is at most t_q + |offset|: no overflow against any window.
+  BlockMask mask(
+      [offset, window_left](int64_t, int64_t, int64_t q, int64_t kv) {
+        const int64_t pos = q + offset;
+        return kv <= pos && pos - kv <= window_left;
+      },
+      1, 1, t_q, t_k, block_size, kName);
+  mask.classify_blocks([offset, window_left](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    const int64_t first = q0 + offset, last = q1 - 1 + offset;
+    // Some query sees some key: the last query reaches the first key and the first query's
+    // window reaches the last key. Every query sees every key: the first query sees the last key
+    // and the last query's window reaches back to the first key.
+    const bool any = k0 <= last && first - (k1 - 1) <= window_left;
+    const bool all = k1 - 1 <= first && last - k0 <= window_left;
+    return class_of(any, !all);
+  });
+  return mask;
+}
+
+BlockMask BlockMask::document(const torch::Tensor& document_ids, int64_t block_size) {
+  constexpr const char* kName = "BlockMask::document";
+  TORCH_CHECK_VALUE(document_ids.defined(), kName,
+                    ": expected document_ids, got an undefined tensor");
+  TORCH_CHECK_VALUE(document_ids.dim() == 1 || document_ids.dim() == 2, kName,
+                    ": expected document_ids of shape (T,) or (B, T), got ", document_ids.sizes());
+  TORCH_CHECK_TYPE(!document_ids.is_floating_point() && !document_ids.is_complex() &&
+                       document_ids.scalar_type() != at::kBool,
+                   kName, ": expected integer document_ids, got ", document_ids.scalar_type());
+  const auto ids2d = document_ids.dim() == 1 ? document_ids.unsqueeze(0) : document_ids;
+  const int64_t batch = ids2d.size(0), t = ids2d.size(1);
+  TORCH_CHECK_VALUE(batch >= 1, kName, ": expected document_ids with at least one row, got ",
+                    document_ids.sizes());
+  auto ids = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(batch * t));
+  const auto host = ids2d.to(torch::kCPU, torch::kLong).contiguous();
+  std::copy(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel(), ids->begin());
+  BlockMask mask(
+      [ids, t](int64_t b, int64_t, int64_t q, int64_t kv) {
+        return (*ids)[static_cast<size_t>(b * t + q)] == (*ids)[static_cast<size_t>(b * t + kv)];
+      },
+      batch, 1, t, t, block_size, kName);
+  // Each block's smallest and largest id: blocks whose ranges do not meet share no document
+  // (empty); a block of one id on both sides is full; the others are partial (also when the
+  // ranges meet without a shared id: the function decides there).
+  const int64_t blocks = mask.q_blocks_;
+  std::vector<int64_t> low(static_cast<size_t>(blocks)), high(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t* row = ids->data() + b * t;
+    for (int64_t k = 0; k < blocks; ++k) {
+      const int64_t* first = row + k * block_size;
+      const int64_t* last = row + std::min(t, (k + 1) * block_size);
+      low[k] = *std::min_element(first, last);
+      high[k] = *std::max_element(first, last);
+    }
+    for (int64_t qb = 0; qb < blocks; ++qb) {
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        const bool apart = high[qb] < low[kb] || high[kb] < low[qb];
+        const bool one = low[qb] == high[qb] && low[kb] == high[kb] && low[qb] == low[kb];
+        mask.at(b, 0, qb, kb) =
+            static_cast<uint8_t>(one ? Block::Full : (apart ? Block::Empty : Block::Partial));
+      }
+    }
+  }
+  return mask;
+}
+
+BlockMask BlockMask::prefix_lm(int64_t t, int64_t prefix, int64_t block_size) {
+  constexpr const char* kName = "BlockMask::prefix_lm";
+  TORCH_CHECK_VALUE(prefix >= 0, kName, ": expected prefix >= 0, got ", prefix);
+  BlockMask mask(
+      [prefix](int64_t, int64_t, int64_t q, int64_t kv) { return kv < prefix || kv <= q; }, 1, 1, t,
+      t, block_size, kName);
+  mask.classify_blocks([prefix](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    const bool any = k0 < prefix || k0 <= q1 - 1;
+    const bool all = k1 - 1 < prefix || k1 - 1 <= q0;
+    return class_of(any, !all);
+  });
+  return mask;
+}
+
+BlockMask BlockMask::combined(const BlockMask& other, bool both, const char* caller) const {
+  TORCH_CHECK_VALUE(t_q_ == other.t_q_ && t_k_ == other.t_k_ && block_size_ == other.block_size_,
+                    caller, ": expected masks of the same t_q, t_k and block_size, got (", t_q_,
+                    ", ", t_k_, ", ", block_size_, ") and (", other.t_q_, ", ", other.t_k_, ", ",
+                    other.block_size_, ")");
+  TORCH_CHECK_VALUE(batch_ == other.batch_ || batch_ == 1 || other.batch_ == 1, caller,
+                    ": expected the same batch or 1 (broadcast), got ", batch_, " and ",
+                    other.batch_);
+  TORCH_CHECK_VALUE(heads_ == other.heads_ || heads_ == 1 || other.heads_ == 1, caller,
+                    ": expected the same heads or 1 (broadcast), got ", heads_, " and ",
+                    other.heads_);
+  const MaskFunction a = visible_, b = other.visible_;
+  const int64_t a_batch = batch_, a_heads = heads_, b_batch = other.batch_, b_heads = other.heads_;
+  MaskFunction function;
+  if (both) {
+    function = [a, b, a_batch, a_heads, b_batch, b_heads](int64_t n, int64_t h, int64_t q,
+                                                          int64_t kv) {
+      return a(n % a_batch, h % a_heads, q, kv) && b(n % b_batch, h % b_heads, q, kv);
+    };
+  } else {
+    function = [a, b, a_batch, a_heads, b_batch, b_heads](int64_t n, int64_t h, int64_t q,
+                                                          int64_t kv) {
+      return a(n % a_batch, h % a_heads, q, kv) || b(n % b_batch, h % b_heads, q, kv);
+    };
+  }
+  BlockMask result(std::move(function), std::max(batch_, other.batch_),
+                   std::max(heads_, other.heads_), t_q_, t_k_, block_size_, caller);
+  for (int64_t n = 0; n < result.batch_; ++n) {
+    for (int64_t h = 0; h < result.heads_; ++h) {
+      for (int64_t qb = 0; qb < q_blocks_; ++qb) {
+        for (int64_t kb = 0; kb < kv_blocks_; ++kb) {
+          const auto x = static_cast<Block>(at(n % batch_, h % heads_, qb, kb));
+          const auto y = static_cast<Block>(other.at(n % other.batch_, h % other.heads_, qb, kb));
+          Block z;
+          if (both) {
+            z = (x == Block::Empty || y == Block::Empty)
+                    ? Block::Empty
+                    : (x == Block::Full && y == Block::Full ? Block::Full : Block::Partial);
+          } else {
+            z = (x == Block::Full || y == Block::Full)
+                    ? Block::Full
+                    : (x == Block::Empty && y == Block::Empty ? Block::Empty : Block::Partial);
+          }
+          result.at(n, h, qb, kb) = static_cast<uint8_t>(z);
+        }
+      }
+    }
+  }
+  return result;
+}
+
+BlockMask BlockMask::operator&(const BlockMask& other) const {
+  return combined(other, true, "BlockMask::operator&");
+}
+
+BlockMask BlockMask::operator|(const BlockMask& other) const {
+  return combined(other, false, "BlockMask::operator|");
+}
+
+BlockMask::Block BlockMask::block(int64_t b, int64_t h, int64_t q_block, int64_t kv_block) const {
+  constexpr const char* kName = "BlockMask::block";
+  TORCH_CHECK_VALUE(b >= 0 && h >= 0, kName, ": expected b >= 0 and h >= 0, got b=", b, ", h=", h);
+  TORCH_CHECK_VALUE(q_block >= 0 && q_block < q_blocks_ && kv_block >= 0 && kv_block < kv_blocks_,
+                    kName, ": expected a query block in [0, ", q_blocks_,
+                    ") and a key block in [0, ", kv_blocks_, "), got ", q_block, " and ", kv_block);
+  return static_cast<Block>(at(b % batch_, h % heads_, q_block, kv_block));
+}
+
+bool BlockMask::visible(int64_t b, int64_t h, int64_t q, int64_t kv) const {
+  constexpr const char* kName = "BlockMask::visible";
+  TORCH_CHECK_VALUE(b >= 0 && h >= 0, kName, ": expected b >= 0 and h >= 0, got b=", b, ", h=", h);
+  TORCH_CHECK_VALUE(q >= 0 && q < t_q_ && kv >= 0 && kv < t_k_, kName, ": expected a query in [0, ",
+                    t_q_, ") and a key in [0, ", t_k_, "), got ", q, " and ", kv);
+  const auto which =
+      static_cast<Block>(at(b % batch_, h % heads_, q / block_size_, kv / block_size_));
+  if (which != Block::Partial) return which == Block::Full;
+  return visible_(b % batch_, h % heads_, q, kv);
+}
+
+int64_t BlockMask::count(Block which) const {
+  return std::count(blocks_.begin(), blocks_.end(), static_cast<uint8_t>(which));
+}
+
+std::pair<torch::Tensor, torch::Tensor> BlockMask::indices_of(Block which,
+                                                              bool by_key_block) const {
+  // Rows are query blocks (or key blocks, by_key_block), columns the other side's blocks.
+  const int64_t rows = by_key_block ? kv_blocks_ : q_blocks_;
+  const int64_t cols = by_key_block ? q_blocks_ : kv_blocks_;
+  auto counts = torch::zeros({batch_, heads_, rows}, torch::kInt);
+  auto indices = torch::zeros({batch_, heads_, rows, cols}, torch::kInt);
+  int32_t* n = counts.data_ptr<int32_t>();
+  int32_t* index = indices.data_ptr<int32_t>();
+  for (int64_t b = 0; b < batch_; ++b) {
+    for (int64_t h = 0; h < heads_; ++h) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = (b * heads_ + h) * rows + r;
+        int32_t found = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint8_t got = by_key_block ? at(b, h, c, r) : at(b, h, r, c);
+          if (got == static_cast<uint8_t>(which)) {
+            index[row * cols + found++] = static_cast<int32_t>(c);
+          }
+        }
+        n[row] = found;
+      }
+    }
+  }
+  return {counts, indices};
+}
+
+torch::Tensor BlockMask::kv_num_blocks() const {
+  return indices_of(Block::Partial, false).first;
+}
+
+torch::Tensor BlockMask::kv_indices() const {
+  return indices_of(Block::Partial, false).second;
+}
+
+torch::Tensor BlockMask::full_kv_num_blocks() const {
+  return indices_of(Block::Full, false).first;
+}
+
+torch::Tensor BlockMask::full_kv_indices() const {
+  return indices_of(Block::Full, false).second;
+}
+
+torch::Tensor BlockMask::q_num_blocks() const {
+  return indices_of(Block::Partial, true).first;
+}
+
+torch::Tensor BlockMask::q_indices() const {
+  return indices_of(Block::Partial, true).second;
+}
+
+torch::Tensor BlockMask::full_q_num_blocks() const {
+  return indices_of(Block::Full, true).first;
+}
+
+torch::Tensor BlockMask::full_q_indices() const {
+  return indices_of(Block::Full, true).second;
+}
+
+torch::Tensor BlockMask::to_attn_mask() const {
+  auto hidden = torch::empty({batch_, heads_, t_q_, t_k_}, torch::kBool);
+  bool* out = hidden.data_ptr<bool>();
+  at::parallel_for(0, batch_ * heads_ * q_blocks_, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t qb = row % q_blocks_, h = row / q_blocks_ % heads_,
+                    b = row / q_blocks_ / heads_;
+      const int64_t q0 = qb * block_size_, q1 = std::min(t_q_, q0 + block_size_);
+      for (int64_t kb = 0; kb < kv_blocks_; ++kb) {
+        const auto which = static_cast<Block>(at(b, h, qb, kb));
+        const int64_t k0 = kb * block_size_, k1 = std::min(t_k_, k0 + block_size_);
+        for (int64_t q = q0; q < q1; ++q) {
+          bool* line = out + ((b * heads_ + h) * t_q_ + q) * t_k_;
+          for (int64_t kv = k0; kv < k1; ++kv) {
+            line[kv] = which == Block::Partial ? !visible_(b, h, q, kv) : which == Block::Empty;
+          }
+        }
+      }
+    }
+  });
+  return hidden;
+}
+
+std::ostream& operator<<(std::ostream& out, const BlockMask& mask) {
+  using B = BlockMask::Block;
+  return out << "BlockMask(batch=" << mask.batch() << ", heads=" << mask.heads()
+             << ", t_q=" << mask.t_q() << ", t_k=" << mask.t_k()
+             << ", block_size=" << mask.block_size() << ": " << mask.count(B::Full) << " full, "
+             << mask.count(B::Partial) << " partial, " << mask.count(B::Empty) << " empty blocks)";
+}
+
+}  // namespace attention
