@@ -94,6 +94,40 @@ void compare(const char* backend, const torch::Tensor& got, const torch::Tensor&
   if (max_diff > tol) disagree(backend, "values", max_diff);
 }
 
+// The backends a packed or paged call is checked on, each with the name a disagreement prints.
+using NamedBackends = std::vector<std::pair<F::Backend, const char*>>;
+
+// Every backend must refuse `call(backend)` with a c10::Error; one that accepts it disagrees,
+// with `otherwise` as what it did.
+template <typename Call>
+void every_backend_refuses(const NamedBackends& backends, const Call& call, const char* otherwise) {
+  for (const auto& [backend, name] : backends) {
+    bool refused = false;
+    try {
+      call(backend);
+    } catch (const c10::Error&) {
+      refused = true;
+    }
+    if (!refused) disagree(name, otherwise, 0);
+  }
+}
+
+// Every backend either refuses `call(backend)` with a c10::Error (what it cannot do) or agrees
+// with the reference.
+template <typename Call>
+void every_backend_agrees(const NamedBackends& backends, const Call& call, const torch::Tensor& ref,
+                          bool float32) {
+  for (const auto& [backend, name] : backends) {
+    torch::Tensor out;
+    try {
+      out = call(backend);
+    } catch (const c10::Error&) {
+      continue;
+    }
+    compare(name, out, ref, float32);
+  }
+}
+
 // The keys causality and the window hide, true = hidden, from their definitions: query i sits at
 // pos = i + offset; key j is hidden when j > pos (causal), pos - j > window_left or
 // j - pos > window_right. (pos - j is small: nothing here comes near the int64 limit.) Undefined
@@ -193,24 +227,16 @@ void check_varlen(const uint8_t* data, size_t size) {
             << "\nq " << q << "\nk " << k << "\nv " << v;
   described = case_text.str();
 
-  const std::pair<F::Backend, const char*> backends[] = {{F::Backend::Math, "Math (packed)"},
-                                                         {F::Backend::Chunked, "Chunked (packed)"},
-                                                         {F::Backend::Native, "Native (packed)"},
-                                                         {F::Backend::Auto, "Auto (packed)"}};
-  const auto every_backend_refuses = [&](const char* otherwise) {
-    for (const auto& [backend, name] : backends) {
-      bool refused = false;
-      try {
-        F::varlen_attention(q, k, v, cu_q, cu_k,
-                            F::ScaledDotProductAttentionOptions(options).backend(backend));
-      } catch (const c10::Error&) {
-        refused = true;
-      }
-      if (!refused) disagree(name, otherwise, 0);
-    }
+  const NamedBackends backends = {{F::Backend::Math, "Math (packed)"},
+                                  {F::Backend::Chunked, "Chunked (packed)"},
+                                  {F::Backend::Native, "Native (packed)"},
+                                  {F::Backend::Auto, "Auto (packed)"}};
+  const auto packed = [&](F::Backend backend) {
+    return F::varlen_attention(q, k, v, cu_q, cu_k,
+                               F::ScaledDotProductAttentionOptions(options).backend(backend));
   };
   if (broken) {
-    every_backend_refuses("accepted broken offsets");
+    every_backend_refuses(backends, packed, "accepted broken offsets");
     return;
   }
   // Each sequence alone, (H, T, d) views, on Math in float64.
@@ -230,21 +256,12 @@ void check_varlen(const uint8_t* data, size_t size) {
     }
   } catch (const c10::Error&) {
     // Refused for a sequence alone: refused packed too, on every backend.
-    every_backend_refuses("accepted what Math refused for a sequence alone");
+    every_backend_refuses(backends, packed, "accepted what Math refused for a sequence alone");
     return;
   }
   const auto ref =
       parts.empty() ? torch::zeros({0, heads, dv}, torch::kDouble) : torch::cat(parts, 0);
-  for (const auto& [backend, name] : backends) {
-    torch::Tensor out;
-    try {
-      out = F::varlen_attention(q, k, v, cu_q, cu_k,
-                                F::ScaledDotProductAttentionOptions(options).backend(backend));
-    } catch (const c10::Error&) {
-      continue;  // a backend may refuse what it cannot do, with a c10::Error
-    }
-    compare(name, out, ref, float32);
-  }
+  every_backend_agrees(backends, packed, ref, float32);
 }
 
 // Keys and values in the pages of a cache: functional::paged_attention against each sequence
@@ -343,9 +360,9 @@ void check_paged(const uint8_t* data, size_t size) {
             << "\nq " << q << "\nkey pages " << k_pages << "\nvalue pages " << v_pages;
   described = case_text.str();
 
-  const std::pair<F::Backend, const char*> backends[] = {{F::Backend::Math, "Math (paged)"},
-                                                         {F::Backend::Chunked, "Chunked (paged)"},
-                                                         {F::Backend::Auto, "Auto (paged)"}};
+  const NamedBackends backends = {{F::Backend::Math, "Math (paged)"},
+                                  {F::Backend::Chunked, "Chunked (paged)"},
+                                  {F::Backend::Auto, "Auto (paged)"}};
   const auto paged = [&](F::Backend backend) {
     torch::NoGradGuard no_grad;
     const auto o = F::ScaledDotProductAttentionOptions(options).backend(backend);
@@ -360,19 +377,8 @@ void check_paged(const uint8_t* data, size_t size) {
       throw;
     }
   };
-  const auto every_backend_refuses = [&](const char* otherwise) {
-    for (const auto& [backend, name] : backends) {
-      bool refused = false;
-      try {
-        paged(backend);
-      } catch (const c10::Error&) {
-        refused = true;
-      }
-      if (!refused) disagree(name, otherwise, 0);
-    }
-  };
   if (broken == 3) {
-    every_backend_refuses("accepted more keys than a sequence's pages hold");
+    every_backend_refuses(backends, paged, "accepted more keys than a sequence's pages hold");
     return;
   }
   auto reference = options;
@@ -388,20 +394,12 @@ void check_paged(const uint8_t* data, size_t size) {
                           .output.transpose(0, 1));
     }
   } catch (const c10::Error&) {
-    every_backend_refuses("accepted what Math refused for a sequence alone");
+    every_backend_refuses(backends, paged, "accepted what Math refused for a sequence alone");
     return;
   }
   const auto ref =
       parts.empty() ? torch::zeros({0, heads, dv}, torch::kDouble) : torch::cat(parts, 0);
-  for (const auto& [backend, name] : backends) {
-    torch::Tensor out;
-    try {
-      out = paged(backend);
-    } catch (const c10::Error&) {
-      continue;  // a backend may refuse what it cannot do, with a c10::Error
-    }
-    compare(name, out, ref, float32);
-  }
+  every_backend_agrees(backends, paged, ref, float32);
 }
 
 }  // namespace
@@ -481,6 +479,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                         : mask.is_floating_point() ? mask.masked_fill(hidden, -INFINITY)
                                                    : mask.logical_or(hidden));
   }
+  const NamedBackends backends = {{F::Backend::Math, "Math"},
+                                  {F::Backend::Chunked, "Chunked"},
+                                  {F::Backend::Native, "Native"},
+                                  {F::Backend::Auto, "Auto"}};
+  const auto dense = [&](F::Backend backend) {
+    return F::scaled_dot_product_attention(q, k, v, options.backend(backend)).output;
+  };
   torch::Tensor ref;
   try {
     ref = F::scaled_dot_product_attention(q.to(torch::kDouble), k.to(torch::kDouble),
@@ -488,29 +493,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               .output;
   } catch (const c10::Error&) {
     // Refused input: every backend must refuse it too (validation comes before any backend).
-    for (auto backend : {F::Backend::Chunked, F::Backend::Native, F::Backend::Auto}) {
-      bool refused = false;
-      try {
-        F::scaled_dot_product_attention(q, k, v, options.backend(backend));
-      } catch (const c10::Error&) {
-        refused = true;
-      }
-      if (!refused) disagree("a backend", "accepted what Math refused", 0);
-    }
+    every_backend_refuses(NamedBackends(backends.begin() + 1, backends.end()), dense,
+                          "accepted what Math refused");
     return 0;
   }
-  const std::pair<F::Backend, const char*> backends[] = {{F::Backend::Math, "Math"},
-                                                         {F::Backend::Chunked, "Chunked"},
-                                                         {F::Backend::Native, "Native"},
-                                                         {F::Backend::Auto, "Auto"}};
-  for (const auto& [backend, name] : backends) {
-    torch::Tensor out;
-    try {
-      out = F::scaled_dot_product_attention(q, k, v, options.backend(backend)).output;
-    } catch (const c10::Error&) {
-      continue;  // a backend may refuse what it cannot do, with a c10::Error
-    }
-    compare(name, out, ref, float32);
-  }
+  every_backend_agrees(backends, dense, ref, float32);
   return 0;
 }
