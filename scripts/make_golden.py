@@ -277,6 +277,7 @@ def case_list():
 
     varlen_cases(cases, add, mha)
     paged_cases(cases, add, mha)
+    block_mask_cases(cases, add, mha)
     for i, case in enumerate(cases):
         case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
@@ -394,6 +395,61 @@ def run_paged(module, x, spec):
     return out
 
 
+def block_mask_cases(cases, add, mha):
+    """Block masks (forward["block_mask"]: kind, block size and the kind's parameters), at
+    T >= 1024. Python hands the book's module the dense mask written from the kind's definition
+    (block_mask_hidden); the C++ harness makes the BlockMask with the library's builders or its
+    own mask function and passes that, never a dense mask. Seeds of their own."""
+    def masked(name, args, shape, spec, dtype="float32", **kw):
+        add(name, "MultiHeadAttention", args, shape, dtype,
+            forward=dict(block_mask=spec, backend=kw.pop("backend", "auto")), **kw)
+        cases[-1]["seed"] = 4300 + len(names)
+        names.append(name)
+
+    names = []
+    documents = dict(kind="document", lengths=[300, 10, 590, 200], causal=True, block=128)
+    masked("blockmask_document_causal_chunked_float64",
+           mha(8, 16, 4, num_kv_heads=2, causal=False, context_length=1100), [[1, 1100, 8]],
+           documents, "float64", backend="chunked", path="chunked_fused")
+    masked("blockmask_document_causal_math_float64",
+           mha(8, 16, 4, num_kv_heads=2, causal=False, context_length=1100), [[1, 1100, 8]],
+           documents, "float64", backend="math", path="math")
+    masked("blockmask_prefix_lm_chunked_float32", mha(16, 32, 4, causal=False, context_length=1024),
+           [[1, 1024, 16]], dict(kind="prefix_lm", prefix=300, block=64), backend="chunked",
+           path="chunked_fused")
+    # Global tokens and a dilated band (Longformer's pattern), with the module's own causality:
+    # a mask function in C++, whose blocks are of every class.
+    masked("blockmask_global_dilated_causal_auto_float64",
+           mha(8, 16, 2, causal=True, context_length=1024), [[2, 1024, 8]],
+           dict(kind="global_dilated", globals=16, dilation=7, block=128), "float64",
+           path="chunked_fused")
+    masked("blockmask_document_inference_bfloat16", mha(16, 32, 4, causal=False, context_length=1100),
+           [[1, 1100, 16]], dict(documents, block=256), "bfloat16", backend="chunked",
+           path="chunked_fused", mode="inference")
+    return names
+
+
+def block_mask_hidden(spec, t_q, t_k):
+    """The dense mask of a case's block mask, from the kind's definition: (t_q, t_k) bool, true
+    = hidden (the library's attn_mask convention)."""
+    q = torch.arange(t_q)[:, None]
+    k = torch.arange(t_k)[None, :]
+    kind = spec["kind"]
+    if kind == "document":
+        ids = torch.cat([torch.full((n,), i) for i, n in enumerate(spec["lengths"])])
+        visible = ids[q] == ids[k]
+        if spec.get("causal"):
+            visible = visible & (k <= q + (t_k - t_q))
+    elif kind == "prefix_lm":
+        visible = (k < spec["prefix"]) | (k <= q)
+    elif kind == "global_dilated":
+        g = spec["globals"]
+        visible = (k < g) | (q < g) | ((q - k) % spec["dilation"] == 0)
+    else:
+        raise ValueError(f"unknown block mask kind {kind}")
+    return ~visible
+
+
 def make_inputs(case, dtype):
     if case["article"]:
         x = article_embedding()
@@ -433,6 +489,15 @@ def make_masks(case, inputs):
         mask[:, 0] = False
         masks["attn_mask"] = mask
     return masks
+
+
+def module_attn_mask(case, x, context, attn_mask):
+    """The attn_mask the book's module takes: the case's own, or its block mask's dense mask."""
+    spec = case["forward"].get("block_mask")
+    if spec is None:
+        return attn_mask
+    keys = x if context is None else context
+    return block_mask_hidden(spec, x.shape[1], keys.shape[1])
 
 
 def torch_mha_twin(module):
@@ -483,6 +548,7 @@ def run_mha(case, module, inputs, masks):
     if "packed" in forward:
         return packed_mha(module, x, context, forward), None, \
             lambda: {n: p.grad for n, p in module.named_parameters()}
+    attn_mask = module_attn_mask(case, x, context, attn_mask)
     output = module(x, context, padding, attn_mask)
     weights = None
     if need_weights:

@@ -294,15 +294,20 @@ TEST_CASE("BlockMask: sizes at their extremes", "[block_mask]") {
   CHECK(one.q_blocks() == 1);
   CHECK(one.block(0, 0, 0, 0) == Block::Partial);
   CHECK(BlockMask::causal(1, 1, 1).block(0, 0, 0, 0) == Block::Full);
-  // Positions near the int64 limit classify without overflow (one block each way).
-  const auto far = BlockMask::causal(kMax, kMax, kMax);
+  // Positions near the int64 limit classify without overflow (one block each way): a whole
+  // block is kept in one byte; a partial one's pairs would not fit, refused by name.
+  const auto far = BlockMask::prefix_lm(kMax, kMax, kMax);
   CHECK(far.q_blocks() == 1);
-  CHECK(far.block(0, 0, 0, 0) == Block::Partial);
-  CHECK(far.visible(0, 0, kMax - 1, kMax - 1));
-  CHECK_FALSE(far.visible(0, 0, 0, kMax - 1));
-  CHECK(BlockMask::sliding_window(kMax, kMax, kMax, kMax).visible(0, 0, kMax - 1, 0));
-  CHECK_FALSE(BlockMask::sliding_window(kMax, kMax, 3, kMax).visible(0, 0, kMax - 1, 0));
-  CHECK(BlockMask::prefix_lm(kMax, kMax, kMax).visible(0, 0, 0, kMax - 1));
+  CHECK(far.block(0, 0, 0, 0) == Block::Full);
+  CHECK(far.visible(0, 0, 0, kMax - 1));
+  CHECK(BlockMask::causal(kMax, 1, kMax, F::CausalAlignment::TopLeft).block(0, 0, 0, 0) ==
+        Block::Full);
+  CHECK_THROWS_C10(BlockMask::causal(kMax, kMax, kMax), c10::ValueError,
+                   "BlockMask::causal: the 1 partial blocks of 9223372036854775807 x "
+                   "9223372036854775807 pairs do not fit: expected at most 2^34 pairs in partial "
+                   "blocks");
+  CHECK_THROWS_C10(BlockMask::sliding_window(kMax, kMax, 3, kMax), c10::ValueError,
+                   "do not fit: expected at most 2^34 pairs in partial blocks");
   // 2^31 positions in blocks of 1 would be 2^62 blocks: refused by name, before any memory.
   CHECK_THROWS_C10(BlockMask::causal(int64_t{1} << 31, int64_t{1} << 31, 1), c10::ValueError,
                    "BlockMask::causal: a mask of 1 x 1 x 2147483648 x 2147483648 blocks of 1 "

@@ -5,13 +5,14 @@
 /// (FlexAttention's `BlockMask`), made once from a mask function and read by every attention
 /// call it serves.
 
+#include <attention/causal_alignment.h>
 #include <attention/export.h>
-#include <attention/functional.h>
 
 #include <torch/types.h>
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <ostream>
 #include <vector>
 
@@ -30,10 +31,17 @@ constexpr int64_t kDefaultMaskBlock = 128;
 /// mask function decides element by element). A kernel skips empty blocks, computes full ones
 /// without looking at the mask, and asks the function only inside partial ones.
 ///
-/// Memory is one byte per block, and the mask function. A mask whose function does not depend on
-/// the batch row or the head is made with `batch` or `heads` 1 and broadcasts over them (its
-/// function is called with b = 0 or h = 0). Masks of the same sizes combine with `&` (a key is
-/// visible when both see it) and `|` (when either does).
+/// Memory is one byte per block, and one byte per query-key pair of each partial block: a mask is
+/// made once, and the kernels that read it never call the function. Every class is exact (a
+/// block the builders' first guess calls partial, whose pairs turn out all visible or all hidden,
+/// is full or empty). A mask whose function does not depend on the batch row or the head is made
+/// with `batch` or `heads` 1 and broadcasts over them (its function is called with b = 0 or
+/// h = 0). Masks of the same sizes combine with `&` (a key is visible when both see it) and `|`
+/// (when either does). A mask never changes once made, and copies share its memory.
+///
+/// Attention takes a block mask through ScaledDotProductAttentionOptions::block_mask (and
+/// MultiHeadAttention's forward options): the fused CPU kernels skip its empty blocks and mask
+/// nothing in its full ones; every other route computes from to_attn_mask().
 ///
 /// Example:
 /// \code
@@ -55,12 +63,14 @@ class ATTENTION_API BlockMask {
   };
 
   /// Evaluates `visible` on every query and key of every block, in parallel over the blocks (so
-  /// it must be safe to call from several threads at once), and keeps each block's class. `batch`
-  /// and `heads` of 1 broadcast; `t_q` queries, `t_k` keys, square blocks of `block_size` (the last
-  /// block of each side may be shorter). It takes batch x heads x t_q x t_k calls: the builders
-  /// below know their classes without them. Throws c10::ValueError for sizes below their minimum (0
-  /// for lengths, 1 otherwise) or whose blocks do not fit in memory, and a c10::Error naming the
-  /// block, query and key when `visible` throws (nothing is made then).
+  /// it must be safe to call from several threads at once), and keeps each block's class and the
+  /// pairs of the partial ones. `batch` and `heads` of 1 broadcast; `t_q` queries, `t_k` keys,
+  /// square blocks of `block_size` (the last block of each side may be shorter). It takes up to
+  /// batch x heads x t_q x t_k calls (the partial blocks' twice): the builders below classify
+  /// without calls and ask the function only about the pairs of partial blocks. Throws
+  /// c10::ValueError for sizes below their minimum (0 for lengths, 1 otherwise), for more than
+  /// 2^32 blocks or 2^34 pairs in partial blocks, and a c10::Error naming the block, query and key
+  /// when `visible` throws (nothing is made then).
   static BlockMask from_function(MaskFunction visible, int64_t batch, int64_t heads, int64_t t_q,
                                  int64_t t_k, int64_t block_size = kDefaultMaskBlock);
 
@@ -89,11 +99,10 @@ class ATTENTION_API BlockMask {
 
   /// A key is visible where both masks see it. Their t_q, t_k and block size must agree; batch
   /// and heads must agree or be 1 (which broadcasts). A block is empty where either part's is,
-  /// full where both parts' are, and partial otherwise (also where the combination happens to be
-  /// whole: its function decides there).
+  /// full where both parts' are, and otherwise as its pairs combine.
   BlockMask operator&(const BlockMask& other) const;
   /// A key is visible where either mask sees it: full where either part's block is, empty where
-  /// both are, partial otherwise.
+  /// both are, and otherwise as its pairs combine.
   BlockMask operator|(const BlockMask& other) const;
 
   /// Batch rows the mask holds (1: the same for every row).
@@ -113,11 +122,19 @@ class ATTENTION_API BlockMask {
 
   /// The class of a block; b and h are taken modulo batch() and heads() (broadcast).
   Block block(int64_t b, int64_t h, int64_t q_block, int64_t kv_block) const;
-  /// Whether query q of batch row b and head h sees key kv: the block's class, and the mask
-  /// function inside a partial block.
+  /// Whether query q of batch row b and head h sees key kv: the block's class, and the kept pair
+  /// inside a partial block.
   bool visible(int64_t b, int64_t h, int64_t q, int64_t kv) const;
-  /// The mask function (for the elements of partial blocks).
+  /// The mask function the mask was made from (for the & and | of two masks, the two functions
+  /// combined).
   const MaskFunction& function() const { return visible_; }
+  /// The pairs of a partial block, what a kernel reads instead of calling the function: a byte
+  /// per query (row) and key (column) of the block, 1 where the query sees the key, rows
+  /// pair_stride() apart; nullptr for an empty or full block. b and h broadcast as in block();
+  /// the indices are not checked (block() checks them).
+  const uint8_t* partial_pairs(int64_t b, int64_t h, int64_t q_block, int64_t kv_block) const;
+  /// The distance between the rows of partial_pairs(): min(block_size, t_k).
+  int64_t pair_stride() const { return pair_cols_; }
 
   /// How many blocks have each class, over every batch row and head the mask holds.
   int64_t count(Block which) const;
@@ -148,6 +165,16 @@ class ATTENTION_API BlockMask {
   torch::Tensor to_attn_mask() const;
 
  private:
+  // The classes, and the pairs of the partial blocks. Written while a mask is made, never after.
+  struct Storage {
+    std::vector<uint8_t> blocks;   // (batch, heads, q_blocks, kv_blocks) Block values
+    std::vector<int64_t> partial;  // the partial blocks' indices into `blocks`, ascending
+    std::vector<uint8_t> pairs;    // q_side x pair_cols_ bytes per partial block, in that order
+  };
+  // Fills the pairs of one block of queries [q0, q1) and keys [k0, k1), rows pair_cols_ apart.
+  using PairSource =
+      std::function<void(int64_t b, int64_t h, int64_t q_block, int64_t kv_block, uint8_t* pairs)>;
+
   BlockMask(MaskFunction visible, int64_t batch, int64_t heads, int64_t t_q, int64_t t_k,
             int64_t block_size, const char* caller);
   uint8_t& at(int64_t b, int64_t h, int64_t q_block, int64_t kv_block);
@@ -155,12 +182,19 @@ class ATTENTION_API BlockMask {
   // A builder's classes from the first and last position of each block: `classify(q0, q1, k0,
   // k1)` for queries [q0, q1) and keys [k0, k1).
   void classify_blocks(const std::function<Block(int64_t, int64_t, int64_t, int64_t)>& classify);
+  // Keeps the pairs of every block classified partial, from `source` (in parallel; the first
+  // failure by block index is thrown, naming the block, as from_function's), then makes each
+  // class exact.
+  void keep_partial_pairs(const PairSource& source, const char* caller);
+  // The source that asks the mask function.
+  PairSource function_pairs(const char* caller) const;
   BlockMask combined(const BlockMask& other, bool both, const char* caller) const;
   std::pair<torch::Tensor, torch::Tensor> indices_of(Block which, bool by_key_block) const;
 
   MaskFunction visible_;
   int64_t batch_, heads_, t_q_, t_k_, block_size_, q_blocks_, kv_blocks_;
-  std::vector<uint8_t> blocks_;  // (batch, heads, q_blocks, kv_blocks) Block values
+  int64_t pair_rows_ = 0, pair_cols_ = 0;  // a partial block's pairs: min(block_size, t_q or t_k)
+  std::shared_ptr<Storage> storage_;
 };
 
 /// "BlockMask(batch=1, heads=1, t_q=1000, t_k=1000, block_size=128: 12 full, 8 partial, 44

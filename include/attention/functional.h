@@ -3,6 +3,8 @@
 /// \file
 /// The shared math of every attention module: scaled dot-product attention, in one place.
 
+#include <attention/block_mask.h>
+#include <attention/causal_alignment.h>
 #include <attention/export.h>
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -58,16 +60,6 @@ constexpr int64_t kAutoChunkedScores = int64_t{1} << 20;
 /// all of those rows and splits the keys across threads.
 constexpr int64_t kAutoDecodeKeys = 256;
 
-/// Where the causal diagonal (and a sliding window, and ALiBi's distances) sit when Tq != Tk.
-enum class CausalAlignment {
-  /// The queries are the last Tq of the Tk positions: query i is at position i + Tk - Tq, as when
-  /// new tokens attend to a KV cache (flash-attn's convention, and this library's default).
-  BottomRight,
-  /// Query i is at position i: PyTorch's `F.scaled_dot_product_attention(is_causal=True)` and
-  /// `torch.tril(torch.ones(Tq, Tk))`.
-  TopLeft,
-};
-
 /// Options of scaled_dot_product_attention().
 ///
 /// Mask convention, the same everywhere in this library: in a **bool** mask `true` means
@@ -77,6 +69,13 @@ enum class CausalAlignment {
 struct ScaledDotProductAttentionOptions {
   /// Bool (true = masked out) or additive float mask, broadcastable to (..., H, Tq, Tk).
   TORCH_ARG(torch::Tensor, attn_mask) = {};
+  /// Which keys each query sees, per block of queries and keys (BlockMask, made once and shared
+  /// by every call it serves): a key is hidden where the block mask hides it, in addition to
+  /// attn_mask, causality and the window. Its t_q and t_k must be the call's Tq and Tk, and its
+  /// batch and heads must broadcast to the scores' leading dims (..., H). The fused CPU kernels
+  /// skip its empty blocks and mask nothing in its full ones; every other route computes from
+  /// its dense mask (BlockMask::to_attn_mask()). Not for packed or paged calls. Unset: none.
+  TORCH_ARG(c10::optional<BlockMask>, block_mask) = c10::nullopt;
   /// Hides keys after each query. With Tq != Tk the queries are the last Tq positions of the
   /// Tk keys, as when new tokens attend to a KV cache (see causal_alignment).
   TORCH_ARG(bool, is_causal) = false;

@@ -103,6 +103,11 @@ struct MultiHeadAttentionForwardOptions {
   TORCH_ARG(torch::Tensor, attn_mask) = {};
   /// Bool (B, Tk), true = padding: those keys are hidden from every query.
   TORCH_ARG(torch::Tensor, key_padding_mask) = {};
+  /// Which keys each query sees, per block (BlockMask): made for this call's Tq queries and its
+  /// Tk keys (after the cache's, with kv_cache), batch 1 or B, heads 1 or num_heads. Not with
+  /// sliding_kv_cache, whose keys' positions move with the window. See
+  /// ScaledDotProductAttentionOptions::block_mask.
+  TORCH_ARG(c10::optional<BlockMask>, block_mask) = c10::nullopt;
   /// Append this call's keys and values to the cache and attend to everything cached. Not owned.
   /// Either cache needs causal_alignment BottomRight when the alignment matters (causal, a
   /// sliding window or ALiBi); a forward that is refused leaves the cache as it was.

@@ -60,10 +60,16 @@ Backend choose(const kernels::Problem& p) {
   return Backend::Chunked;
 }
 
-// Runs a validated problem on the backend it asks for (or Auto's choice).
-AttentionOutput run(const kernels::Problem& p, const torch::Tensor& query, const torch::Tensor& key,
-                    const torch::Tensor& value) {
-  const Backend backend = p.backend == Backend::Auto ? choose(p) : p.backend;
+// Runs a validated problem on the backend it asks for (or Auto's choice). Only the fused CPU
+// kernels read a block mask by its blocks; every other route takes its dense mask.
+AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
+                    const torch::Tensor& key, const torch::Tensor& value) {
+  const Backend backend = given.backend == Backend::Auto ? choose(given) : given.backend;
+  const bool by_blocks =
+      backend == Backend::Chunked && !given.degenerate() && kernels::fused_cpu_applies(query);
+  kernels::Problem dense;
+  if (given.block_mask && !by_blocks) dense = kernels::with_dense_block_mask(given);
+  const kernels::Problem& p = given.block_mask && !by_blocks ? dense : given;
   check_supported(p, backend, query, key);
   // Nothing to attend, or nothing to multiply: every backend gives what whole matrices give.
   if (p.degenerate() || backend == Backend::Math) {
@@ -92,7 +98,9 @@ bool decodes_in_place(const kernels::Problem& p, const torch::Tensor& query,
   if (!fused || p.degenerate() || p.packed() || !kernels::paged_forward_applies(query)) {
     return false;
   }
-  if (p.mask.defined() || p.dropout_p > 0.0 || p.need_weights || p.needs_grad) return false;
+  if (p.mask.defined() || p.block_mask || p.dropout_p > 0.0 || p.need_weights || p.needs_grad) {
+    return false;
+  }
   // A prompt chunk goes to Chunked's tiles; one query per head, however many heads share a
   // key/value head (multi-query), is an item of the paged kernel's matrix products.
   if (p.t_q > 1 && p.t_q * p.g > kernels::kPagedItemRows) return false;
@@ -202,7 +210,7 @@ torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor&
                                   const ScaledDotProductAttentionOptions& options) {
   const auto p =
       kernels::make_projected_problem(x_q, x_kv, W_query, W_key, W_value, options, kProjected);
-  const bool plain = !p.mask.defined() && p.dropout_p == 0.0 && !p.need_weights &&
+  const bool plain = !p.mask.defined() && !p.block_mask && p.dropout_p == 0.0 && !p.need_weights &&
                      !p.beyond_native() && !p.bounded_left() && p.window_right < 0 &&
                      p.backend == Backend::Auto && !p.needs_grad;
   if (plain && kernels::tiny_applies(x_q, x_kv, W_query, W_key, W_value)) {

@@ -250,6 +250,7 @@ Tensor flat_keys(const Problem& p, const Tensor& t) {
 
 std::pair<Tensor, Tensor> tiles_forward_with_lse(const Problem& p, const Tensor& q, const Tensor& k,
                                                  const Tensor& v) {
+  TORCH_INTERNAL_ASSERT(!p.block_mask, "the tiles read a block mask only as its dense mask");
   auto [out, lse] = forward_blocks(p, flat_queries(p, q), flat_keys(p, k), flat_keys(p, v));
   auto shape = q.sizes().vec();
   shape.back() = p.dv;
@@ -266,6 +267,7 @@ std::tuple<Tensor, Tensor, Tensor> tiles_backward_with_lse(const Problem& p, con
                                                            const Tensor& k, const Tensor& v,
                                                            const Tensor& out, const Tensor& lse,
                                                            const Tensor& grad_out) {
+  TORCH_INTERNAL_ASSERT(!p.block_mask, "the tiles read a block mask only as its dense mask");
   const auto flat_out = [&](const Tensor& t) {
     return t.reshape({p.n, p.g, p.t_q, p.dv}).contiguous();
   };
@@ -323,6 +325,13 @@ Tensor sink_gradient(const Problem& p, const Tensor& out, const Tensor& lse, con
       .to(sinks.scalar_type());
 }
 
+// A block mask carried from forward to backward in the context's saved data (an IValue capsule):
+// shared, never copied.
+struct SavedBlockMask : torch::CustomClassHolder {
+  explicit SavedBlockMask(BlockMask m) : mask(std::move(m)) {}
+  BlockMask mask;
+};
+
 // Saves the unscaled queries and the keys and values as given; the flattened, contiguous
 // (N, G, T, d) copies that the generic tiles need are made in backward only.
 class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
@@ -356,6 +365,10 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     ctx->saved_data["lead"] = problem.lead;
     ctx->saved_data["scale"] = problem.scale;
     ctx->saved_data["top_left"] = problem.alignment == functional::CausalAlignment::TopLeft;
+    if (problem.block_mask) {
+      ctx->saved_data["block_mask"] =
+          c10::IValue::make_capsule(c10::make_intrusive<SavedBlockMask>(*problem.block_mask));
+    }
     if (problem.packed()) {
       ctx->saved_data["query_offsets"] = problem.sequences->query_offsets;
       ctx->saved_data["key_offsets"] = problem.sequences->key_offsets;
@@ -386,6 +399,11 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     p.mask = ctx->saved_data["mask"].toTensor();
     p.scale = ctx->saved_data["scale"].toDouble();
     if (ctx->saved_data["top_left"].toBool()) p.alignment = functional::CausalAlignment::TopLeft;
+    if (ctx->saved_data.find("block_mask") != ctx->saved_data.end()) {
+      p.block_mask = c10::static_intrusive_pointer_cast<SavedBlockMask>(
+                         ctx->saved_data["block_mask"].toCapsule())
+                         ->mask;
+    }
     if (ctx->saved_data.find("query_offsets") != ctx->saved_data.end()) {
       p.sequences =
           std::make_shared<const Sequences>(ctx->saved_data["query_offsets"].toIntVector(),

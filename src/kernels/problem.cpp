@@ -275,11 +275,68 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
     p.mask_is_bool = mask.scalar_type() == at::kBool;
     p.mask_needs_grad = !p.mask_is_bool && detail::records_grad(mask);
   }
+  if (options.block_mask()) {
+    const BlockMask& blocks = *options.block_mask();
+    TORCH_CHECK_VALUE(blocks.t_q() == p.t_q && blocks.t_k() == p.t_k, caller,
+                      ": expected a block_mask made for Tq = ", p.t_q, " queries and Tk = ", p.t_k,
+                      " keys, got one made for ", blocks.t_q(), " and ", blocks.t_k());
+    const std::vector<int64_t> dense{blocks.batch(), blocks.heads(), p.t_q, p.t_k};
+    TORCH_CHECK_VALUE(detail::broadcastable_to(dense, p.score_sizes()), caller,
+                      ": expected a block_mask whose batch and heads broadcast to the scores ",
+                      shape_str(p.score_sizes()), " as a dense mask ", shape_str(dense),
+                      " would, got batch ", blocks.batch(), " and heads ", blocks.heads());
+    p.block_mask = blocks;
+  }
   p.needs_grad = p.mask_needs_grad || records_grad;
   return p;
 }
 
+// Packed and paged calls place each sequence's queries and keys by offsets: a block mask over
+// the packed tokens would not say which sequence a block belongs to.
+void refuse_block_mask(const functional::ScaledDotProductAttentionOptions& options,
+                       const char* caller) {
+  TORCH_CHECK_VALUE(!options.block_mask(), caller,
+                    ": takes no block_mask (each query sees the keys of its own sequence, through "
+                    "is_causal and the window); use scaled_dot_product_attention with a "
+                    "BlockMask::document mask over the packed tokens instead");
+}
+
 }  // namespace
+
+Problem with_dense_block_mask(const Problem& p) {
+  if (!p.block_mask) return p;
+  Problem dense = p;
+  dense.block_mask = c10::nullopt;
+  const auto hidden = p.block_mask->to_attn_mask().to(p.device);
+  if (!p.mask.defined()) {
+    dense.mask = hidden;
+    dense.mask_is_bool = true;
+  } else if (p.mask_is_bool) {
+    dense.mask = p.mask.logical_or(hidden);
+  } else {
+    // torch::where keeps the additive mask's gradient where the block mask shows the key.
+    dense.mask = torch::where(
+        hidden, torch::full({}, -std::numeric_limits<double>::infinity(), p.mask.options()),
+        p.mask);
+  }
+  return dense;
+}
+
+std::vector<int64_t> block_mask_rows(const Problem& p) {
+  if (!p.block_mask) return {};
+  const int64_t batch = p.block_mask->batch(), heads = p.block_mask->heads();
+  std::vector<int64_t> lead_ones = p.lead;
+  lead_ones.push_back(1);
+  lead_ones.push_back(1);
+  // The dense mask's shape, less the leading 1s that scores of lower rank do not have (the
+  // problem checked that it broadcasts).
+  std::vector<int64_t> shape{batch, heads, 1, 1};
+  while (shape.size() > lead_ones.size()) shape.erase(shape.begin());
+  const auto rows =
+      torch::arange(batch * heads, torch::kLong).view(shape).expand(lead_ones).contiguous();
+  const int64_t* at = rows.data_ptr<int64_t>();
+  return std::vector<int64_t>(at, at + rows.numel());
+}
 
 Problem make_problem(const torch::Tensor& query, const torch::Tensor& key,
                      const torch::Tensor& value,
@@ -321,6 +378,7 @@ Problem make_varlen_problem(const torch::Tensor& query, const torch::Tensor& key
                             const functional::ScaledDotProductAttentionOptions& options,
                             const char* caller) {
   check_packed_tensors(query, key, value, caller);
+  refuse_block_mask(options, caller);
   // A mask over packed tokens would be (H, total_q, total_k), quadratic in the whole batch, and
   // the weights ragged: the sequences' own causality and window are what a packed call hides.
   TORCH_CHECK_VALUE(!options.attn_mask().defined(), caller,
@@ -384,6 +442,7 @@ Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_
   TORCH_CHECK_VALUE(!options.attn_mask().defined(), caller,
                     ": takes no attn_mask (each query sees the keys of its own sequence, through "
                     "is_causal and the window)");
+  refuse_block_mask(options, caller);
   TORCH_CHECK_VALUE(!options.need_weights(), caller,
                     ": returns no attention weights (need_weights)");
   TORCH_CHECK_VALUE(options.dropout_p() == 0.0, caller,

@@ -5,6 +5,7 @@
 // reads. No backend looks at the options or re-derives shapes, causality or masking on its own;
 // the helpers below are the only definitions of "which keys can a query see".
 
+#include <attention/block_mask.h>
 #include <attention/functional.h>
 
 #include <torch/types.h>
@@ -77,6 +78,10 @@ struct Problem {
   bool mask_is_bool = false;
   /// The additive mask is an autograd input of this call (grad mode on and it requires grad).
   bool mask_needs_grad = false;
+  /// The block mask (options.block_mask), made for Tq x Tk, its batch and heads broadcasting to
+  /// the leading dims; unset = none. Only the fused CPU kernels read it as blocks: every other
+  /// route is handed with_dense_block_mask(), where it is part of `mask`.
+  c10::optional<BlockMask> block_mask;
   /// Autograd records this call: a gradient is wanted for q, k, v or the mask.
   bool needs_grad = false;
   double scale = 1.0;
@@ -193,6 +198,16 @@ inline int64_t queries_end(const Problem& p, int64_t j0, int64_t cols) {
   if (!p.bounded_left()) return p.t_q;
   return std::clamp<int64_t>(j0 + cols - p.left_diagonal(), 0, p.t_q);
 }
+
+/// `p` with its block mask turned into the dense mask (BlockMask::to_attn_mask) and merged with
+/// attn_mask: a key is hidden where either hides it (an additive mask gets -inf there). What
+/// every route but the fused CPU kernels computes from; `p` itself when it has no block mask.
+Problem with_dense_block_mask(const Problem& p);
+
+/// For each query matrix of `p` (its leading dims (..., H) flattened), the block mask's batch row
+/// times its heads plus its head: the (b, h) whose blocks that matrix reads, with the mask's
+/// batch and heads broadcast as a dense (batch, heads, Tq, Tk) mask would be.
+std::vector<int64_t> block_mask_rows(const Problem& p);
 
 /// ALiBi's biases -slope_h * |pos(i) - j| of every query head, broadcastable to the scores;
 /// undefined without ALiBi.

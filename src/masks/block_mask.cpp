@@ -1,6 +1,7 @@
-// Block masks (attention/block_mask.h): a class per block, kept in one byte, and the mask function
-// that decides inside partial blocks. The builders classify a block from its first and last query
-// and key, in O(blocks); from_function() asks the function about every element.
+// Block masks (attention/block_mask.h): a class per block, kept in one byte, and the pairs of the
+// partial blocks, a byte each, so that a kernel reading the mask never calls the function. The
+// builders classify a block from its first and last query and key, in O(blocks), and ask the
+// function only about the pairs of partial blocks; from_function() asks it about every pair.
 
 #include <attention/block_mask.h>
 
@@ -12,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -23,6 +25,8 @@ using functional::CausalAlignment;
 
 // The most blocks a mask holds (one byte each).
 constexpr int64_t kMaxBlocks = int64_t{1} << 32;
+// The most pairs its partial blocks hold (one byte each): 16 GiB.
+constexpr int64_t kMaxPairs = int64_t{1} << 34;
 
 // ceil(n / block) without overflow.
 int64_t blocks_of(int64_t n, int64_t block) {
@@ -83,17 +87,120 @@ BlockMask::BlockMask(MaskFunction visible, int64_t batch, int64_t heads, int64_t
                     kv_blocks_, " blocks of ", block_size,
                     " does not fit: expected at most 2^32 blocks (batch x heads x query blocks x "
                     "key blocks; a larger block_size makes fewer)");
-  blocks_.assign(static_cast<size_t>(total), static_cast<uint8_t>(Block::Empty));
+  pair_rows_ = std::min(block_size, t_q);
+  pair_cols_ = std::min(block_size, t_k);
+  storage_ = std::make_shared<Storage>();
+  storage_->blocks.assign(static_cast<size_t>(total), static_cast<uint8_t>(Block::Empty));
 }
 
 uint8_t& BlockMask::at(int64_t b, int64_t h, int64_t q_block, int64_t kv_block) {
-  return blocks_[static_cast<size_t>(((b * heads_ + h) * q_blocks_ + q_block) * kv_blocks_ +
-                                     kv_block)];
+  return storage_->blocks[static_cast<size_t>(
+      ((b * heads_ + h) * q_blocks_ + q_block) * kv_blocks_ + kv_block)];
 }
 
 uint8_t BlockMask::at(int64_t b, int64_t h, int64_t q_block, int64_t kv_block) const {
-  return blocks_[static_cast<size_t>(((b * heads_ + h) * q_blocks_ + q_block) * kv_blocks_ +
-                                     kv_block)];
+  return storage_->blocks[static_cast<size_t>(
+      ((b * heads_ + h) * q_blocks_ + q_block) * kv_blocks_ + kv_block)];
+}
+
+void BlockMask::keep_partial_pairs(const PairSource& source, const char* caller) {
+  std::vector<uint8_t>& blocks = storage_->blocks;
+  std::vector<int64_t> partial;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i] == static_cast<uint8_t>(Block::Partial)) {
+      partial.push_back(static_cast<int64_t>(i));
+    }
+  }
+  // Each side of a block's pairs is at most the block and its sequence; their product and the
+  // total are refused before they can overflow.
+  int64_t per_block = 0, total = 0;
+  const bool fits =
+      partial.empty() ||
+      (!__builtin_mul_overflow(pair_rows_, pair_cols_, &per_block) &&
+       !__builtin_mul_overflow(per_block, static_cast<int64_t>(partial.size()), &total) &&
+       total <= kMaxPairs);
+  TORCH_CHECK_VALUE(fits, caller, ": the ", partial.size(), " partial blocks of ", pair_rows_,
+                    " x ", pair_cols_,
+                    " pairs do not fit: expected at most 2^34 pairs in partial blocks (a smaller "
+                    "block_size makes fewer)");
+  std::vector<uint8_t> pairs(static_cast<size_t>(total), 0);
+  FirstFailure failure;
+  const int64_t count = static_cast<int64_t>(partial.size());
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t index = partial[static_cast<size_t>(k)];
+      const int64_t kb = index % kv_blocks_, qb = index / kv_blocks_ % q_blocks_;
+      const int64_t h = index / kv_blocks_ / q_blocks_ % heads_;
+      const int64_t b = index / kv_blocks_ / q_blocks_ / heads_;
+      try {
+        source(b, h, qb, kb, pairs.data() + k * per_block);
+      } catch (const std::exception& e) {
+        failure.record(index, e.what());
+      }
+    }
+  });
+  TORCH_CHECK(failure.message.empty(), failure.message);
+  // Exact classes: a partial guess whose pairs are all visible is full, all hidden empty. The
+  // pairs of the blocks that stay partial move up, in order.
+  std::vector<int64_t> kept;
+  int64_t written = 0;
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t index = partial[static_cast<size_t>(k)];
+    const int64_t kb = index % kv_blocks_, qb = index / kv_blocks_ % q_blocks_;
+    const int64_t rows = std::min(t_q_ - qb * block_size_, pair_rows_);
+    const int64_t cols = std::min(t_k_ - kb * block_size_, pair_cols_);
+    const uint8_t* own = pairs.data() + k * per_block;
+    int64_t seen = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) seen += own[r * pair_cols_ + c];
+    }
+    if (seen == 0 || seen == rows * cols) {
+      blocks[static_cast<size_t>(index)] =
+          static_cast<uint8_t>(seen == 0 ? Block::Empty : Block::Full);
+      continue;
+    }
+    if (written != k * per_block) {
+      std::copy(own, own + per_block, pairs.data() + written);
+    }
+    written += per_block;
+    kept.push_back(index);
+  }
+  pairs.resize(static_cast<size_t>(written));
+  pairs.shrink_to_fit();
+  storage_->partial = std::move(kept);
+  storage_->pairs = std::move(pairs);
+}
+
+BlockMask::PairSource BlockMask::function_pairs(const char* caller) const {
+  const MaskFunction visible = visible_;
+  const int64_t block = block_size_, t_q = t_q_, t_k = t_k_, ld = pair_cols_;
+  return [visible, block, t_q, t_k, ld, caller](int64_t b, int64_t h, int64_t qb, int64_t kb,
+                                                uint8_t* pairs) {
+    const int64_t q0 = qb * block, q1 = std::min(t_q, q0 + block);
+    const int64_t k0 = kb * block, k1 = std::min(t_k, k0 + block);
+    int64_t q = q0, kv = k0;
+    try {
+      for (q = q0; q < q1; ++q) {
+        for (kv = k0; kv < k1; ++kv) pairs[(q - q0) * ld + (kv - k0)] = visible(b, h, q, kv);
+      }
+    } catch (const std::exception& e) {
+      std::ostringstream what;
+      what << caller << ": the mask function threw at block (b=" << b << ", h=" << h
+           << ", query block " << qb << ", key block " << kb << "), query " << q << ", key " << kv
+           << ": " << e.what();
+      throw std::runtime_error(what.str());
+    }
+  };
+}
+
+const uint8_t* BlockMask::partial_pairs(int64_t b, int64_t h, int64_t q_block,
+                                        int64_t kv_block) const {
+  const int64_t index =
+      (((b % batch_) * heads_ + h % heads_) * q_blocks_ + q_block) * kv_blocks_ + kv_block;
+  const auto& partial = storage_->partial;
+  const auto found = std::lower_bound(partial.begin(), partial.end(), index);
+  if (found == partial.end() || *found != index) return nullptr;
+  return storage_->pairs.data() + (found - partial.begin()) * pair_rows_ * pair_cols_;
 }
 
 void BlockMask::classify_blocks(
@@ -111,7 +218,7 @@ BlockMask BlockMask::from_function(MaskFunction visible, int64_t batch, int64_t 
                                    int64_t t_k, int64_t block_size) {
   constexpr const char* kName = "BlockMask::from_function";
   BlockMask mask(std::move(visible), batch, heads, t_q, t_k, block_size, kName);
-  const int64_t total = static_cast<int64_t>(mask.blocks_.size());
+  const int64_t total = static_cast<int64_t>(mask.storage_->blocks.size());
   FirstFailure failure;
   at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
@@ -137,11 +244,12 @@ BlockMask BlockMask::from_function(MaskFunction visible, int64_t batch, int64_t 
         failure.record(index, what.str());
         continue;
       }
-      mask.blocks_[static_cast<size_t>(index)] =
+      mask.storage_->blocks[static_cast<size_t>(index)] =
           static_cast<uint8_t>(class_of(any_visible, any_hidden));
     }
   });
   TORCH_CHECK(failure.message.empty(), failure.message);
+  mask.keep_partial_pairs(mask.function_pairs(kName), kName);
   return mask;
 }
 
@@ -154,6 +262,7 @@ BlockMask BlockMask::causal(int64_t t_q, int64_t t_k, int64_t block_size,
     // Its first query sees its last key: full; its last query does not see its first: empty.
     return class_of(k0 <= q1 - 1 + offset, k1 - 1 > q0 + offset);
   });
+  mask.keep_partial_pairs(mask.function_pairs("BlockMask::causal"), "BlockMask::causal");
   return mask;
 }
 
@@ -178,6 +287,7 @@ BlockMask BlockMask::sliding_window(int64_t t_q, int64_t t_k, int64_t window_lef
     const bool all = k1 - 1 <= first && last - k0 <= window_left;
     return class_of(any, !all);
   });
+  mask.keep_partial_pairs(mask.function_pairs(kName), kName);
   return mask;
 }
 
@@ -224,6 +334,7 @@ BlockMask BlockMask::document(const torch::Tensor& document_ids, int64_t block_s
       }
     }
   }
+  mask.keep_partial_pairs(mask.function_pairs(kName), kName);
   return mask;
 }
 
@@ -238,6 +349,7 @@ BlockMask BlockMask::prefix_lm(int64_t t, int64_t prefix, int64_t block_size) {
     const bool all = k1 - 1 < prefix || k1 - 1 <= q0;
     return class_of(any, !all);
   });
+  mask.keep_partial_pairs(mask.function_pairs(kName), kName);
   return mask;
 }
 
@@ -289,6 +401,28 @@ BlockMask BlockMask::combined(const BlockMask& other, bool both, const char* cal
       }
     }
   }
+  // A partial block's pairs from the parts' pairs (a whole part's block all 1 or all 0).
+  const int64_t rows = pair_rows_, cols = pair_cols_;
+  const auto pairs_of = [rows, cols](const BlockMask& part, int64_t n, int64_t h, int64_t qb,
+                                     int64_t kb, uint8_t* out) {
+    const auto which = static_cast<Block>(part.at(n % part.batch_, h % part.heads_, qb, kb));
+    if (which == Block::Partial) {
+      const uint8_t* own = part.partial_pairs(n, h, qb, kb);
+      std::copy(own, own + rows * cols, out);
+    } else {
+      std::fill(out, out + rows * cols, which == Block::Full ? 1 : 0);
+    }
+  };
+  result.keep_partial_pairs(
+      [&](int64_t n, int64_t h, int64_t qb, int64_t kb, uint8_t* pairs) {
+        std::vector<uint8_t> theirs(static_cast<size_t>(rows * cols));
+        pairs_of(*this, n, h, qb, kb, pairs);
+        pairs_of(other, n, h, qb, kb, theirs.data());
+        for (int64_t e = 0; e < rows * cols; ++e) {
+          pairs[e] = both ? (pairs[e] & theirs[e]) : (pairs[e] | theirs[e]);
+        }
+      },
+      caller);
   return result;
 }
 
@@ -314,14 +448,16 @@ bool BlockMask::visible(int64_t b, int64_t h, int64_t q, int64_t kv) const {
   TORCH_CHECK_VALUE(b >= 0 && h >= 0, kName, ": expected b >= 0 and h >= 0, got b=", b, ", h=", h);
   TORCH_CHECK_VALUE(q >= 0 && q < t_q_ && kv >= 0 && kv < t_k_, kName, ": expected a query in [0, ",
                     t_q_, ") and a key in [0, ", t_k_, "), got ", q, " and ", kv);
-  const auto which =
-      static_cast<Block>(at(b % batch_, h % heads_, q / block_size_, kv / block_size_));
+  const int64_t qb = q / block_size_, kb = kv / block_size_;
+  const auto which = static_cast<Block>(at(b % batch_, h % heads_, qb, kb));
   if (which != Block::Partial) return which == Block::Full;
-  return visible_(b % batch_, h % heads_, q, kv);
+  const uint8_t* pairs = partial_pairs(b, h, qb, kb);
+  return pairs[(q - qb * block_size_) * pair_cols_ + (kv - kb * block_size_)] != 0;
 }
 
 int64_t BlockMask::count(Block which) const {
-  return std::count(blocks_.begin(), blocks_.end(), static_cast<uint8_t>(which));
+  const auto& blocks = storage_->blocks;
+  return std::count(blocks.begin(), blocks.end(), static_cast<uint8_t>(which));
 }
 
 std::pair<torch::Tensor, torch::Tensor> BlockMask::indices_of(Block which,
@@ -393,11 +529,13 @@ torch::Tensor BlockMask::to_attn_mask() const {
       const int64_t q0 = qb * block_size_, q1 = std::min(t_q_, q0 + block_size_);
       for (int64_t kb = 0; kb < kv_blocks_; ++kb) {
         const auto which = static_cast<Block>(at(b, h, qb, kb));
+        const uint8_t* pairs = which == Block::Partial ? partial_pairs(b, h, qb, kb) : nullptr;
         const int64_t k0 = kb * block_size_, k1 = std::min(t_k_, k0 + block_size_);
         for (int64_t q = q0; q < q1; ++q) {
           bool* line = out + ((b * heads_ + h) * t_q_ + q) * t_k_;
+          const uint8_t* row = pairs ? pairs + (q - q0) * pair_cols_ - k0 : nullptr;
           for (int64_t kv = k0; kv < k1; ++kv) {
-            line[kv] = which == Block::Partial ? !visible_(b, h, q, kv) : which == Block::Empty;
+            line[kv] = row ? row[kv] == 0 : which == Block::Empty;
           }
         }
       }

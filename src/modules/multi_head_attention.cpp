@@ -218,12 +218,28 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                       ": expected attn_mask broadcastable to ", shape_str(scores), ", got ",
                       shape_str(attn_mask.sizes()));
   }
+  const auto& blocks = forward_options.block_mask();
+  if (blocks) {
+    TORCH_CHECK_VALUE(!sliding, kMultiHeadAttentionName,
+                      ": takes no block_mask with a sliding_kv_cache (its keys' positions move "
+                      "with the window)");
+    TORCH_CHECK_VALUE(blocks->t_q() == t_q && blocks->t_k() == t_k, kMultiHeadAttentionName,
+                      ": expected a block_mask made for ", t_q, " queries and ", t_k,
+                      " keys (with a kv_cache, its keys and this call's), got one made for ",
+                      blocks->t_q(), " and ", blocks->t_k());
+    TORCH_CHECK_VALUE((blocks->batch() == 1 || blocks->batch() == B) &&
+                          (blocks->heads() == 1 || blocks->heads() == H),
+                      kMultiHeadAttentionName, ": expected a block_mask of batch 1 or ", B,
+                      " and heads 1 or ", H, ", got batch ", blocks->batch(), " and heads ",
+                      blocks->heads());
+  }
 
   auto attention = functional::scaled_dot_product_attention(
       queries, keys, values,
       variants(
           functional::ScaledDotProductAttentionOptions()
               .attn_mask(combine_masks(attn_mask, padding.defined() ? batched(padding) : padding))
+              .block_mask(blocks)
               .is_causal(options.causal())
               .dropout_p(is_training() ? options.dropout() : 0.0)
               .need_weights(forward_options.need_weights())

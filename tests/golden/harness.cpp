@@ -62,6 +62,35 @@ namespace {
 
 using Output = attention::functional::AttentionOutput;
 
+// A case's block mask (forward["block_mask"]) over T tokens, made as an application would: the
+// library's builders, or a mask function written here (make_golden.py writes each kind's
+// definition once more, as the dense mask Python's module takes).
+attention::BlockMask block_mask_of(const nlohmann::json& spec, int64_t t) {
+  using attention::BlockMask;
+  const std::string kind = spec.at("kind");
+  const int64_t block = spec.at("block");
+  if (kind == "document") {
+    std::vector<int64_t> ids;
+    int64_t document = 0;
+    for (const int64_t n : spec.at("lengths").get<std::vector<int64_t>>()) {
+      ids.insert(ids.end(), static_cast<size_t>(n), document++);
+    }
+    TORCH_CHECK(static_cast<int64_t>(ids.size()) == t, "golden: the documents do not cover T");
+    auto mask = BlockMask::document(torch::tensor(ids), block);
+    return spec.value("causal", false) ? mask & BlockMask::causal(t, t, block) : mask;
+  }
+  if (kind == "prefix_lm") return BlockMask::prefix_lm(t, spec.at("prefix"), block);
+  if (kind == "global_dilated") {
+    const int64_t globals = spec.at("globals"), dilation = spec.at("dilation");
+    return BlockMask::from_function(
+        [globals, dilation](int64_t, int64_t, int64_t q, int64_t kv) {
+          return kv < globals || q < globals || (q - kv) % dilation == 0;
+        },
+        1, 1, t, t, block);
+  }
+  TORCH_CHECK(false, "golden: unknown block mask kind ", kind);
+}
+
 template <typename M, typename F>
 Module wrap(M module, F forward) {
   return {module.ptr(), [module, forward](const Module::Inputs& in) mutable -> Output {
@@ -222,6 +251,10 @@ Module make_multi_head_attention(const Case& c) {
                        .need_weights(f.value("need_weights", false))
                        .average_attn_weights(f.value("average_attn_weights", true))
                        .backend(backend);
+    if (f.contains("block_mask")) {
+      const auto& x = in.at("x");
+      options.block_mask(block_mask_of(f.at("block_mask"), x.size(-2)));
+    }
     for (const auto& [name, tensor] : in) {
       if (name == "context") options.context(tensor);
       if (name == "key_padding_mask") options.key_padding_mask(tensor);

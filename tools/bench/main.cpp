@@ -19,6 +19,9 @@
 //           block-mask:T       (building a document mask with causal attention inside each
 //                               document, by its builders and from a mask function, beside the
 //                               causal attention call it serves)
+//           block-attention:T  (16 causal documents in T, and prefix-LM over T/2, through a
+//                               block mask, against full causal attention scaled by the blocks
+//                               visited, and against a dense bool mask)
 
 #include <attention/attention.h>
 
@@ -696,6 +699,74 @@ void bench_paged_prefill() {
   }
 }
 
+// Attention under a block mask against full causal attention scaled by the share of blocks each
+// visits (the target: at most 1.3 times that): 16 causal documents in T positions, and
+// prefix-LM over T/2 positions with a prefix of T/8; B=1, H=4, head size 64, Chunked, forward
+// and forward+backward. Beside them the same documents as a dense bool mask, which the fused
+// kernels read pair by pair.
+void bench_block_attention(int64_t t) {
+  using attention::BlockMask;
+  using Block = BlockMask::Block;
+  const auto visited = [](const BlockMask& m) {
+    return static_cast<double>(m.count(Block::Full) + m.count(Block::Partial));
+  };
+  const auto time_call = [](int64_t n, const F::ScaledDotProductAttentionOptions& options,
+                            bool train) {
+    auto q = torch::randn({1, 4, n, 64}), k = torch::randn_like(q), v = torch::randn_like(q);
+    const auto upstream = torch::randn_like(q);
+    if (train) {
+      for (auto* x : {&q, &k, &v}) x->requires_grad_(true);
+    }
+    return median_ms(
+        [&] {
+          torch::AutoGradMode grad(train);
+          auto out = F::scaled_dot_product_attention(q, k, v, options).output;
+          if (train) out.backward(upstream);
+        },
+        train ? 1 : settings.repeats);
+  };
+  const int64_t documents = 16, length = (t + documents - 1) / documents;
+  std::vector<int64_t> ids(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = i / length;
+  const int64_t t_prefix = t / 2;
+  struct Case {
+    std::string name;
+    int64_t n;
+    BlockMask mask;
+  };
+  const std::vector<Case> cases{
+      {"documents", t, BlockMask::document(torch::tensor(ids)) & BlockMask::causal(t, t)},
+      {"prefix_lm", t_prefix, BlockMask::prefix_lm(t_prefix, t_prefix / 4)}};
+  const auto chunked = F::ScaledDotProductAttentionOptions().backend(Backend::Chunked);
+  for (const auto& c : cases) {
+    const double share = visited(c.mask) / visited(BlockMask::causal(c.n, c.n));
+    for (const bool train : {false, true}) {
+      const std::string pass = train ? "forward+backward" : "forward";
+      progress(fmt::format("block-attention {} T={} {}", c.name, c.n, pass));
+      const double causal_ms =
+          time_call(c.n, F::ScaledDotProductAttentionOptions(chunked).is_causal(true), train);
+      const double masked_ms =
+          time_call(c.n, F::ScaledDotProductAttentionOptions(chunked).block_mask(c.mask), train);
+      double dense_ms = 0;
+      if (c.name == "documents") {
+        dense_ms = time_call(
+            c.n, F::ScaledDotProductAttentionOptions(chunked).attn_mask(c.mask.to_attn_mask()),
+            train);
+        record("block-attention", "cpp.core.chunked.dense_mask." + c.name, pass, c.n, dense_ms, 0);
+      }
+      record("block-attention", "cpp.core.chunked.causal", pass, c.n, causal_ms, 0);
+      record("block-attention", "cpp.core.chunked.block_mask." + c.name, pass, c.n, masked_ms, 0);
+      progress(fmt::format(
+          "block-attention {} T={} {}: block mask {:.1f} ms, full causal {:.1f} ms, visited "
+          "blocks / causal's = {:.4f}; block mask / (causal x share) = {:.2f} (target <= 1.3){}",
+          c.name, c.n, pass, masked_ms, causal_ms, share, masked_ms / (causal_ms * share),
+          dense_ms > 0 ? fmt::format("; dense bool mask {:.1f} ms, block mask / dense = {:.3f}",
+                                     dense_ms, masked_ms / dense_ms)
+                       : std::string()));
+    }
+  }
+}
+
 // Building block masks (attention/block_mask.h) for T positions: 16 documents of equal length
 // with causal attention inside each, from the builders (classes from each block's first and last
 // position) and from a mask function asked about every element; beside them, the causal attention
@@ -762,7 +833,7 @@ int main(int argc, char** argv) {
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
-          "        read-rate paged-decode paged-prefill block-mask:T\n");
+          "        read-rate paged-decode paged-prefill block-mask:T block-attention:T\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -804,6 +875,8 @@ int main(int argc, char** argv) {
       bench_paged_prefill();
     } else if (g.rfind("block-mask:", 0) == 0) {
       bench_block_mask(std::stoll(g.substr(11)));
+    } else if (g.rfind("block-attention:", 0) == 0) {
+      bench_block_attention(std::stoll(g.substr(16)));
     } else if (g.rfind("long:", 0) == 0) {
       const auto colon = g.find(':', 5);
       bench_long(g.substr(5, colon - 5), std::stoll(g.substr(colon + 1)));

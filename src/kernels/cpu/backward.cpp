@@ -154,7 +154,8 @@ class Backward {
         dk_(dk),
         dv_(dv),
         splits_(static_cast<int64_t>(dq_parts.size())),
-        row_ld_(p.t_q) {
+        row_ld_(p.t_q),
+        blocks_(p) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
 
@@ -181,7 +182,8 @@ class Backward {
         dk_(std::move(s.dk)),
         dv_(std::move(s.dv)),
         splits_(static_cast<int64_t>(dq_.size())),
-        row_ld_(s.row_ld) {}
+        row_ld_(s.row_ld),
+        blocks_(one) {}
 
   void run() {
     at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
@@ -237,10 +239,18 @@ class Backward {
                              p_.block);
     // The queries that see a key of the block (causal: query i sees keys j <= i + diagonal;
     // a window: keys j >= i + left_diagonal).
-    const int64_t first = queries_begin(p_, j0), last = queries_end(p_, j0, cols);
+    // With a block mask, query blocks lie on the lattice of block multiples, as the forward's
+    // (rows above the first that sees a key of the block see none of it: the strips skip them).
+    int64_t first = queries_begin(p_, j0);
+    if (blocks_.defined()) first -= first % p_.block;
+    const int64_t last = queries_end(p_, j0, cols);
     for (int64_t h = kv * p_.g; h < (kv + 1) * p_.g; ++h) {
       for (int64_t i0 = first; i0 < last; i0 += p_.block) {
         const int64_t rows = std::min(p_.block, last - i0);
+        // A block mask's empty tile is skipped, a full one masks nothing, a partial one its pairs.
+        const auto visibility = blocks_.tile(h, i0, rows, j0, cols);
+        if (visibility == BlockMask::Block::Empty) continue;
+        const bool partial = visibility == BlockMask::Block::Partial;
         // Where the diagonal or the window's left edge crosses the tile, it is done in strips of
         // rows, each only over the keys its rows see.
         const int64_t strip =
@@ -249,7 +259,7 @@ class Backward {
           const int64_t sr = std::min(strip, rows - r0);
           const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
           if (c.end > c.begin) {
-            tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, dq,
+            tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, partial, dq,
                  dk + c.begin * dk_.row_stride, dv + c.begin * dv_.row_stride, w);
           }
         }
@@ -258,9 +268,11 @@ class Backward {
   }
 
   // Queries [i0, i0 + rows) of query head h against keys [block + first, block + first + cols)
-  // of head kv, the key block whose transposed keys and values `w` holds.
+  // of head kv, the key block whose transposed keys and values `w` holds. `partial`: the block
+  // mask hides some of the tile's pairs.
   void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t block, int64_t first,
-            int64_t cols, const cpu::Matrices<T>& dq, T* dk, T* dv, TileBuffers& w) const {
+            int64_t cols, bool partial, const cpu::Matrices<T>& dq, T* dk, T* dv,
+            TileBuffers& w) const {
     const T scale = static_cast<T>(p_.scale);
     const int64_t j0 = block + first;
     const T* q = q_.row(h, i0);
@@ -270,6 +282,7 @@ class Backward {
     cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q, q_.row_stride, w.keys_t + first, p_.block, 0,
                  s, cols);
     cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope);
+    if (partial) blocks_.hide(h, i0, rows, j0, cols, s, cols);
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * row_ld_ + i0);
     cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv,
@@ -295,6 +308,7 @@ class Backward {
   int64_t splits_;
   int64_t row_ld_;
   std::vector<int64_t> mask_at_;
+  cpu::MaskBlocks blocks_;
 };
 
 // How many items share the key blocks of one sequence's key/value head in a packed problem: as

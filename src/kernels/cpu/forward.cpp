@@ -44,7 +44,8 @@ class Forward {
         v_(v),
         out_(out),
         lse_(lse.defined() ? lse.data_ptr<T>() : nullptr),
-        lse_ld_(p.t_q) {
+        lse_ld_(p.t_q),
+        blocks_(p) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
 
@@ -58,7 +59,8 @@ class Forward {
         v_(std::move(v)),
         out_(std::move(out)),
         lse_(lse),
-        lse_ld_(lse_ld) {}
+        lse_ld_(lse_ld),
+        blocks_(one) {}
 
   void run() {
     const int64_t blocks = (p_.t_q + p_.block - 1) / p_.block;
@@ -122,6 +124,9 @@ class Forward {
     for (int64_t r = 0; r < rows; ++r) std::fill_n(out_.row(h, i0 + r), p_.dv, T(0));
     const int64_t keys = keys_end(p_, i0, rows);
     for (int64_t j0 = first_key_block(i0); j0 < keys; j0 += p_.block) {
+      if (blocks_.defined() && hidden_from_all(h, i0, rows, j0, std::min(p_.block, keys - j0))) {
+        continue;
+      }
       // The scores read both operands along rows: the keys turned once for the group's tiles.
       cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, std::min(p_.block, keys - j0), p_.d,
                                static_cast<T>(p_.scale), w.keys_t, p_.block);
@@ -142,6 +147,16 @@ class Forward {
   }
 
  private:
+  // Whether the block mask hides the keys [j0, j0 + cols) from every query block of the group
+  // [i0, i0 + rows): then nothing turns them.
+  bool hidden_from_all(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
+    for (int64_t r0 = 0; r0 < rows; r0 += p_.block) {
+      const int64_t r = std::min(p_.block, rows - r0);
+      if (blocks_.tile(h, i0 + r0, r, j0, cols) != BlockMask::Block::Empty) return false;
+    }
+    return true;
+  }
+
   // Where the key blocks of query block i0 begin: on the lattice of block multiples, which every
   // query block shares, so that a group's query blocks take the same key blocks as they would
   // alone (a window's left edge falls inside a block, whose hidden keys its strips mask), and a
@@ -155,6 +170,10 @@ class Forward {
     const int64_t keys = keys_end(p_, i0, rows);
     if (j0 >= keys || j0 < first_key_block(i0)) return;  // a group's other query blocks see it
     const int64_t cols = std::min(p_.block, keys - j0);
+    // A block mask's empty tile is skipped, a full one masks nothing, a partial one its pairs.
+    const auto visibility = blocks_.tile(h, i0, rows, j0, cols);
+    if (visibility == BlockMask::Block::Empty) return;
+    const bool partial = visibility == BlockMask::Block::Partial;
     const int64_t strip = cpu::crosses_edge(p_, i0, rows, j0, cols) ? cpu::kDiagonalStrip : rows;
     for (int64_t r0 = 0; r0 < rows; r0 += strip) {
       const int64_t sr = std::min(strip, rows - r0);
@@ -168,7 +187,7 @@ class Forward {
       if (c.end > c.begin) {
         const Rows strip_state{state.acc + r0 * state.acc_ld, state.acc_ld, state.max + r0,
                                state.sum + r0};
-        tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, cols, seen, strip_state,
+        tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, cols, seen, partial, strip_state,
              w.scores + r0 * cols, w);
       }
     }
@@ -176,14 +195,16 @@ class Forward {
 
   // Queries [i, i + rows) against keys [block + from, block + from + cols), of the key block
   // whose transposed keys `w` holds: scores in `scores` (row stride ld), the softmax step, and
-  // the weighted values into the rows' accumulated values.
+  // the weighted values into the rows' accumulated values. `partial`: the block mask hides some
+  // of the tile's pairs.
   void tile(int64_t h, int64_t kv, int64_t i, int64_t rows, int64_t block, int64_t from,
-            int64_t cols, int64_t ld, int64_t seen, const Rows& state, T* scores,
+            int64_t cols, int64_t ld, int64_t seen, bool partial, const Rows& state, T* scores,
             const TileBuffers& w) const {
     const int64_t j0 = block + from;
     cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q_.row(h, i), q_.row_stride, w.keys_t + from,
                  p_.block, 0, scores, ld);
     cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr);
+    if (partial) blocks_.hide(h, i, rows, j0, cols, scores, ld);
     cpu::online_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, state.max, state.sum,
                              state.acc, p_.dv, state.acc_ld);
     cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
@@ -195,6 +216,7 @@ class Forward {
   T* lse_;
   int64_t lse_ld_;
   std::vector<int64_t> mask_at_;
+  cpu::MaskBlocks blocks_;
 };
 
 // A packed problem: each sequence's query blocks as a one-sequence Forward computes them. Work

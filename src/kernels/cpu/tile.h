@@ -99,6 +99,70 @@ void apply_mask(const torch::Tensor& mask, int64_t offset, int64_t i0, int64_t j
   }
 }
 
+/// A block mask as the fused kernels read it (Problem::block_mask): the class of a tile, whose
+/// blocks need not be the mask's (a tile's class combines those of the mask blocks under it),
+/// and the pairs it hides.
+class MaskBlocks {
+ public:
+  using Block = BlockMask::Block;
+
+  explicit MaskBlocks(const Problem& p)
+      : mask_(p.block_mask ? &*p.block_mask : nullptr), rows_(block_mask_rows(p)) {}
+
+  bool defined() const { return mask_ != nullptr; }
+
+  /// The tile of query matrix m, queries [i0, i0 + rows) and keys [j0, j0 + cols) (both > 0):
+  /// Empty when every mask block under it is empty, Full when every one is full (or there is no
+  /// mask), Partial otherwise.
+  Block tile(int64_t m, int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
+    if (!mask_) return Block::Full;
+    const int64_t side = mask_->block_size(), b = rows_[m] / mask_->heads(),
+                  h = rows_[m] % mask_->heads();
+    bool any_full = false, any_empty = false;
+    for (int64_t qb = i0 / side; qb <= (i0 + rows - 1) / side; ++qb) {
+      for (int64_t kb = j0 / side; kb <= (j0 + cols - 1) / side; ++kb) {
+        const Block which = mask_->block(b, h, qb, kb);
+        if (which == Block::Partial) return Block::Partial;
+        (which == Block::Full ? any_full : any_empty) = true;
+      }
+    }
+    if (any_full && any_empty) return Block::Partial;
+    return any_full ? Block::Full : Block::Empty;
+  }
+
+  /// Writes -inf over the scores `s` (row stride ld) of the tile's pairs that the mask hides.
+  template <typename T>
+  void hide(int64_t m, int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* s, int64_t ld) const {
+    constexpr T kHidden = -std::numeric_limits<T>::infinity();
+    const int64_t side = mask_->block_size(), b = rows_[m] / mask_->heads(),
+                  h = rows_[m] % mask_->heads(), stride = mask_->pair_stride();
+    for (int64_t qb = i0 / side; qb <= (i0 + rows - 1) / side; ++qb) {
+      const int64_t q0 = std::max(i0, qb * side), q1 = std::min(i0 + rows, (qb + 1) * side);
+      for (int64_t kb = j0 / side; kb <= (j0 + cols - 1) / side; ++kb) {
+        const int64_t k0 = std::max(j0, kb * side), k1 = std::min(j0 + cols, (kb + 1) * side);
+        const Block which = mask_->block(b, h, qb, kb);
+        if (which == Block::Full) continue;
+        const uint8_t* pairs =
+            which == Block::Partial ? mask_->partial_pairs(b, h, qb, kb) : nullptr;
+        for (int64_t q = q0; q < q1; ++q) {
+          T* row = s + (q - i0) * ld - j0;
+          if (!pairs) {
+            std::fill(row + k0, row + k1, kHidden);
+            continue;
+          }
+          const uint8_t* seen = pairs + (q - qb * side) * stride - kb * side;
+#pragma omp simd
+          for (int64_t kv = k0; kv < k1; ++kv) row[kv] = seen[kv] ? row[kv] : kHidden;
+        }
+      }
+    }
+  }
+
+ private:
+  const BlockMask* mask_;
+  std::vector<int64_t> rows_;  // block_mask_rows
+};
+
 /// What comes between the product of queries and keys and the softmax, on a tile of scaled
 /// scores `s` (row stride ld) of query matrix h, queries [i0, i0 + rows), keys [j0, j0 + cols):
 /// soft-capping (writing its derivative 1 - tanh^2 to `cap_slope`, row stride cols, when given),
