@@ -4,7 +4,7 @@ reference modules, torch.nn.MultiheadAttention and PyTorch's scaled dot-product 
 Prints one JSON record per measurement.
 
     bench_python.py [--threads N] [--repeats N] [--quick] GROUP...
-    groups: matmul article raschka raschka-train core-train long:T long-train:T
+    groups: matmul article raschka raschka-train core-train long:T long-train:T block-attention:T
 """
 
 import argparse
@@ -149,6 +149,57 @@ def bench_long_train(args, t):
            7.0 * 8 * t * t * 64 / 1e9, peak)
 
 
+def bench_block_attention(args, t):
+    """16 causal documents in T positions (attention-bench block-attention:T): PyTorch's SDPA with
+    the dense bool mask, and FlexAttention eagerly with its block mask (2.5 and later; at T above
+    8192 its whole score matrix would not fit this machine, so it is left out there). B=1, H=4,
+    head size 64; forward and forward+backward; the peak of each first call above the process's
+    peak so far (SDPA first: FlexAttention's is the larger), one T per process for the peaks."""
+    length = (t + 15) // 16
+    ids = torch.arange(t) // length
+    positions = torch.arange(t)
+    visible = (ids[:, None] == ids[None, :]) & (positions[None, :] <= positions[:, None])
+    shape = (1, 4, t, 64)
+
+    def timed(name, call, train):
+        q, k, v = (torch.randn(shape, requires_grad=train) for _ in range(3))
+        upstream = torch.randn(shape)
+
+        def once():
+            with torch.set_grad_enabled(train):
+                out = call(q, k, v)
+                if train:
+                    out.backward(upstream)
+
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        once()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+        ms = median_ms(once, 1 if train else args.repeats, warm_up=False)
+        pass_ = "forward+backward" if train else "forward"
+        record("block-attention", name, pass_, t, ms, 0, peak)
+        progress(f"block-attention documents T={t} {pass_}: {name} {ms:.1f} ms, peak +{peak:.0f} MB")
+
+    flex = None
+    if t <= 8192:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            block_mask = create_block_mask(
+                lambda b, h, q, kv: (ids[q] == ids[kv]) & (kv <= q), None, None, t, t,
+                device="cpu")
+            flex = lambda q, k, v: flex_attention(q, k, v, block_mask=block_mask)  # noqa: E731
+        except ImportError:
+            progress("block-attention: this PyTorch has no flex_attention")
+    for train in (False, True):
+        timed("python.core.sdpa.dense_mask.documents",
+              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=visible), train)
+        if flex is not None:
+            try:
+                timed("python.core.flex_attention.documents", flex, train)
+            except (RuntimeError, NotImplementedError) as error:
+                progress(f"block-attention: flex_attention {'backward' if train else 'forward'} "
+                         f"refused: {str(error).splitlines()[0]}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -174,6 +225,8 @@ def main():
             bench_long_train(args, int(group.split(":")[1]))
         elif group.startswith("long:"):
             bench_long(args, int(group.split(":")[1]))
+        elif group.startswith("block-attention:"):
+            bench_block_attention(args, int(group.split(":")[1]))
         else:
             sys.exit(f"bench_python: unknown group {group}")
 

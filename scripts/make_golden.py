@@ -132,7 +132,8 @@ def case_list():
                     d_in_kv=kw.pop("d_in_kv", d_in))
         # The variants of later models, named only where a case uses them.
         for variant in ("sliding_window", "softcap", "alibi", "top_left", "rope_theta",
-                        "rotary_dim", "rope_interleaved", "llama3_scaling", "sinks"):
+                        "rotary_dim", "rope_interleaved", "llama3_scaling", "sinks",
+                        "relative_bias"):
             if variant in kw:
                 args[variant] = kw.pop(variant)
         assert not kw
@@ -426,6 +427,22 @@ def block_mask_cases(cases, add, mha):
     masked("blockmask_document_inference_bfloat16", mha(16, 32, 4, causal=False, context_length=1100),
            [[1, 1100, 16]], dict(documents, block=256), "bfloat16", backend="chunked",
            path="chunked_fused", mode="inference")
+    # A score modification with a gradient: T5's relative position bias (the book's module with
+    # the table `relative_attention_bias`), alone and under a block mask.
+    t5 = [32, 128, 1]
+    add("blockmask_relative_bias_t5_chunked_float64", "MultiHeadAttention",
+        mha(8, 16, 4, num_kv_heads=2, context_length=1100, relative_bias=t5), [[1, 1100, 8]],
+        "float64", forward=dict(backend="chunked"), path="chunked_fused")
+    cases[-1]["seed"] = 4300 + len(names)
+    names.append(cases[-1]["name"])
+    add("blockmask_relative_bias_t5_unidirectional_math_float32", "MultiHeadAttention",
+        mha(8, 16, 2, relative_bias=[16, 64, 0]), [[2, 40, 8]], forward=dict(backend="math"),
+        path="math")
+    cases[-1]["seed"] = 4300 + len(names)
+    names.append(cases[-1]["name"])
+    masked("blockmask_document_relative_bias_chunked_float32",
+           mha(16, 32, 4, causal=False, context_length=1100, relative_bias=t5), [[1, 1100, 16]],
+           documents, backend="chunked", path="chunked_fused")
     return names
 
 

@@ -12,6 +12,28 @@ import torch
 import torch.nn as nn
 
 
+def t5_relative_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int,
+                       bidirectional: bool) -> torch.Tensor:
+    """T5's relative position bucket of each key - query position (Raffel et al.; the function
+    `_relative_position_bucket` of T5's and Hugging Face's code)."""
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets = num_buckets // 2
+        buckets = buckets + (relative_position > 0).to(torch.long) * num_buckets
+        relative_position = torch.abs(relative_position)
+    else:
+        relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    if_large = max_exact + (
+        torch.log(relative_position.float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).to(torch.long)
+    if_large = torch.min(if_large, torch.full_like(if_large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative_position, if_large)
+
+
 def alibi_slopes(num_heads: int) -> List[float]:
     """ALiBi's head slopes (Press et al., "Train Short, Test Long", 2022): for n heads, n a power
     of two, the geometric sequence starting at 2^(-8/n) with that ratio; otherwise the slopes of
@@ -168,7 +190,8 @@ class MultiHeadAttention(nn.Module):
                  d_in_kv: int = -1, sliding_window: int = 0, softcap: float = 0.0,
                  alibi: bool = False, top_left: bool = False, rope_theta: float = 0.0,
                  rotary_dim: int = 0, rope_interleaved: bool = False,
-                 llama3_scaling: Optional[List[float]] = None, sinks: bool = False):
+                 llama3_scaling: Optional[List[float]] = None, sinks: bool = False,
+                 relative_bias: Optional[List[int]] = None):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
         if num_kv_heads < 0:
@@ -189,7 +212,10 @@ class MultiHeadAttention(nn.Module):
             self.rope_freqs = rope_frequencies(rotary_dim or d_out // num_heads, rope_theta,
                                                llama3_scaling or [])
         self.rope_interleaved = rope_interleaved
-        self.variants = sliding_window > 0 or softcap > 0 or alibi or top_left or sinks
+        # T5's relative position buckets: [num_buckets, max_distance, bidirectional].
+        self.relative_buckets: List[int] = relative_bias if relative_bias is not None else []
+        self.variants = (sliding_window > 0 or softcap > 0 or alibi or top_left or sinks
+                         or relative_bias is not None)
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in_kv, num_kv_heads * self.head_dim, bias=qkv_bias)
         self.W_value = nn.Linear(d_in_kv, num_kv_heads * self.head_dim, bias=qkv_bias)
@@ -199,6 +225,12 @@ class MultiHeadAttention(nn.Module):
             self.sinks = nn.Parameter(torch.randn(num_heads) * 0.02)
         else:
             self.register_parameter("sinks", None)
+        # T5's relative attention bias, (num_buckets, num_heads), drawn after the sinks.
+        if relative_bias is not None:
+            self.relative_attention_bias = nn.Parameter(
+                torch.randn(relative_bias[0], num_heads) * 0.02)
+        else:
+            self.register_parameter("relative_attention_bias", None)
         self.dropout = nn.Dropout(dropout)
         self.register_buffer(
             "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
@@ -255,6 +287,11 @@ class MultiHeadAttention(nn.Module):
             slopes = torch.tensor(self.alibi_slopes, dtype=torch.float64, device=scores.device)
             distance = (position - key).abs().to(torch.float64)
             scores = scores + (-slopes[:, None, None] * distance).to(scores.dtype)
+        table = self.relative_attention_bias
+        if table is not None:
+            r = self.relative_buckets
+            buckets = t5_relative_bucket(key - position, r[0], r[1], r[2] != 0)
+            scores = scores + table[buckets].permute(2, 0, 1)
         hidden = torch.zeros(num_tokens, num_keys, dtype=torch.bool, device=scores.device)
         if self.causal:
             hidden = hidden | (key > position)

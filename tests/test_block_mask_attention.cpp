@@ -6,8 +6,10 @@
 
 #include <attention/block_mask.h>
 #include <attention/functional.h>
+#include <attention/kv_cache.h>
 #include <attention/multi_head_attention.h>
 #include <attention/paged_attention.h>
+#include <attention/sliding_kv_cache.h>
 
 #include "helpers.h"
 
@@ -89,6 +91,9 @@ Result run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& 
 double worst(const Result& a, const Result& b) {
   double w = 0;
   for (size_t i = 0; i < a.tensors.size(); ++i) {
+    // A result of another shape is wrong however close its broadcast values come.
+    if (a.tensors[i].sizes() != b.tensors[i].sizes())
+      return std::numeric_limits<double>::infinity();
     w = std::max(
         w, test::max_abs_diff(a.tensors[i].to(torch::kDouble), b.tensors[i].to(torch::kDouble)));
   }
@@ -206,6 +211,36 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("block mask attention: one head (T, d) and heads without a batch (H, T, d)",
+          "[block_mask][chunked]") {
+  torch::manual_seed(13);
+  std::mt19937 rng(13);
+  const auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  for (const int64_t heads : {int64_t{0}, int64_t{3}}) {  // 0: rank 2
+    const auto visible = random_visibility(rng, 1, std::max<int64_t>(heads, 1), 70, 90, 16);
+    const auto mask = mask_of(visible, 32);
+    const auto lead = heads == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{heads};
+    const auto with = [&](std::vector<int64_t> tail) {
+      auto shape = lead;
+      shape.insert(shape.end(), tail.begin(), tail.end());
+      return torch::randn(shape, opts);
+    };
+    const auto q = with({70, 16}), k = with({90, 16}), v = with({90, 8});
+    const auto hidden = heads == 0 ? visible[0][0].logical_not() : visible[0].logical_not();
+    const auto upstream = with({70, 8});
+    INFO("heads " << heads);
+    const auto expected =
+        run(q, k, v, Options().backend(F::Backend::Math).attn_mask(hidden), upstream, true);
+    CHECK(
+        worst(run(q, k, v, Options().backend(F::Backend::Chunked).block_mask(mask), upstream, true),
+              expected) < 1e-10);
+    // Math reads the dense mask shaped as the scores (a mask of higher rank would give the
+    // output its rank).
+    CHECK(worst(run(q, k, v, Options().backend(F::Backend::Math).block_mask(mask), upstream, true),
+                expected) < 1e-10);
+  }
+}
+
 TEST_CASE("block mask attention: MultiHeadAttention takes one in its forward options",
           "[block_mask][multi_head_attention]") {
   torch::manual_seed(11);
@@ -223,6 +258,60 @@ TEST_CASE("block mask attention: MultiHeadAttention takes one in its forward opt
       mha->forward(x, attention::MultiHeadAttentionForwardOptions().block_mask(mask)).output;
   CHECK(F::last_path() == F::Path::ChunkedFused);
   CHECK(test::max_abs_diff(got, expected) < 1e-5);
+}
+
+TEST_CASE(
+    "block mask attention: a tree of draft tokens over a cached prefix (speculative decoding)",
+    "[block_mask][kv_cache]") {
+  torch::manual_seed(17);
+  attention::MultiHeadAttention mha(
+      attention::MultiHeadAttentionOptions(32, 32, 4).num_kv_heads(2).context_length(64).causal(
+          false));
+  attention::KVCache cache(64);
+  using Options = attention::MultiHeadAttentionForwardOptions;
+  const int64_t prefix = 40;
+  mha->forward(torch::randn({1, prefix, 32}),
+               Options().kv_cache(&cache).block_mask(BlockMask::causal(prefix, prefix)));
+  // Six drafts: 0 follows the prefix, 1 and 2 follow 0, 3 and 4 follow 1, 5 follows 2. A draft
+  // sees the prefix, its ancestors and itself.
+  const std::vector<int64_t> parent{-1, 0, 0, 1, 1, 2};
+  const int64_t drafts = 6, t_k = prefix + drafts;
+  const auto sees = [parent, prefix](int64_t, int64_t, int64_t q, int64_t kv) {
+    if (kv < prefix) return true;
+    for (int64_t a = q; a >= 0; a = parent[static_cast<size_t>(a)]) {
+      if (kv - prefix == a) return true;
+    }
+    return false;
+  };
+  auto hidden = torch::zeros({drafts, t_k}, torch::kBool);
+  for (int64_t q = 0; q < drafts; ++q) {
+    for (int64_t kv = 0; kv < t_k; ++kv) hidden[q][kv] = !sees(0, 0, q, kv);
+  }
+  const auto tree = BlockMask::from_function(sees, 1, 1, drafts, t_k, 16);
+  const auto x = torch::randn({1, drafts, 32});
+  const auto got =
+      mha->forward(x, Options().kv_cache(&cache).block_mask(tree).backend(F::Backend::Chunked))
+          .output;
+  CHECK(F::last_path() == F::Path::ChunkedFused);
+  CHECK(cache.length() == t_k);
+  cache.truncate(prefix);  // the drafts rejected: their keys leave the cache
+  const auto expected =
+      mha->forward(x, Options().kv_cache(&cache).attn_mask(hidden).backend(F::Backend::Math))
+          .output;
+  CHECK(test::max_abs_diff(got, expected) < 1e-5);
+  // A mask that forgets the prefix is refused by the module, and the cache is as it was.
+  cache.truncate(prefix);
+  CHECK_THROWS_C10(
+      mha->forward(x, Options().kv_cache(&cache).block_mask(
+                          BlockMask::from_function(sees, 1, 1, drafts, drafts))),
+      c10::ValueError,
+      "attention::MultiHeadAttention: expected a block_mask made for 6 queries and 46 keys (with a "
+      "kv_cache, its keys and this call's), got one made for 6 and 6");
+  CHECK(cache.length() == prefix);
+  attention::SlidingKVCache sliding(64);
+  CHECK_THROWS_C10(mha->forward(x, Options().sliding_kv_cache(&sliding).block_mask(tree)),
+                   c10::ValueError, "takes no block_mask with a sliding_kv_cache");
+  CHECK(sliding.length() == 0);
 }
 
 TEST_CASE("block mask attention: bad input is refused by name", "[block_mask][bad_input]") {

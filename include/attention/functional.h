@@ -6,6 +6,7 @@
 #include <attention/block_mask.h>
 #include <attention/causal_alignment.h>
 #include <attention/export.h>
+#include <attention/relative_bias.h>
 #include <torch/arg.h>
 #include <torch/types.h>
 
@@ -96,6 +97,15 @@ struct ScaledDotProductAttentionOptions {
   /// head h (Press et al.; flash-attn's `alibi_slopes`). See alibi_slopes() for the standard ones.
   /// Constants: no gradient flows to them.
   TORCH_ARG(torch::Tensor, alibi_slopes) = {};
+  /// A relative position bias table (num_buckets, H) of the queries' dtype and device (T5's
+  /// `relative_attention_bias.weight`): relative_bias[bucket(j - pos(i)), h] is added to the
+  /// scaled scores of head h after soft-capping, where relative_buckets gives the bucket.
+  /// Differentiable: the fused CPU kernels accumulate its gradient per relative position, never
+  /// forming a Tq x Tk tensor; every other route adds the dense bias it expands to. Not for
+  /// packed or paged calls. Undefined: none.
+  TORCH_ARG(torch::Tensor, relative_bias) = {};
+  /// The buckets that relative_bias is indexed by (T5's by default).
+  TORCH_ARG(RelativeBuckets, relative_buckets) = RelativeBuckets::t5();
   /// Logit soft-capping, as Gemma 2: the scaled scores s become softcap * tanh(s / softcap)
   /// before ALiBi and the masks are added. Unset: none; must be finite and > 0.
   TORCH_ARG(c10::optional<double>, softcap) = c10::nullopt;

@@ -84,6 +84,12 @@ struct MultiHeadAttentionOptions {
   /// (num_heads,), in every query's softmax normalizer (see functional::
   /// ScaledDotProductAttentionOptions::sinks). Initialized N(0, 0.02^2) after out_proj.
   TORCH_ARG(bool, sinks) = false;
+  /// A learned relative position bias through these buckets (T5's): the parameter
+  /// `relative_attention_bias` (num_buckets, num_heads), the layout of T5's
+  /// `relative_attention_bias.weight`, added to the scaled scores of each head (see
+  /// ScaledDotProductAttentionOptions::relative_bias). Initialized N(0, 0.02^2) after out_proj
+  /// and the sinks. Not with forward_paged. Unset: none.
+  TORCH_ARG(c10::optional<functional::RelativeBuckets>, relative_bias) = c10::nullopt;
   /// ALiBi with the standard slopes of num_heads heads (functional::alibi_slopes), as BLOOM and
   /// MPT; such models have no position embeddings of their own.
   TORCH_ARG(bool, alibi) = false;
@@ -224,6 +230,9 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   torch::nn::Linear out_proj{nullptr};
   /// The attention sinks' logits (num_heads,), with `sinks(true)`; undefined otherwise.
   torch::Tensor sinks;
+  /// The relative position bias table (num_buckets, num_heads), with `relative_bias`; undefined
+  /// otherwise.
+  torch::Tensor relative_attention_bias;
 
  protected:
   // So that AnyModule (and what holds one) can call forward(x) alone.

@@ -61,15 +61,26 @@ Backend choose(const kernels::Problem& p) {
 }
 
 // Runs a validated problem on the backend it asks for (or Auto's choice). Only the fused CPU
-// kernels read a block mask by its blocks; every other route takes its dense mask.
+// kernels read a block mask by its blocks and a relative bias by relative position; every other
+// route takes them as masks (the relative bias, with its gradient, on Math).
 AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
                     const torch::Tensor& key, const torch::Tensor& value) {
-  const Backend backend = given.backend == Backend::Auto ? choose(given) : given.backend;
-  const bool by_blocks =
-      backend == Backend::Chunked && !given.degenerate() && kernels::fused_cpu_applies(query);
+  const bool fused = kernels::fused_cpu_applies(query);
+  const bool learned_bias = given.relative_bias.defined() && torch::GradMode::is_enabled() &&
+                            given.relative_bias.requires_grad();
+  Backend backend = given.backend == Backend::Auto ? choose(given) : given.backend;
+  if (given.backend == Backend::Auto && learned_bias && !fused) backend = Backend::Math;
+  const bool in_kernel = backend == Backend::Chunked && !given.degenerate() && fused;
+  TORCH_CHECK(!(backend == Backend::Chunked && !in_kernel && learned_bias), given.caller,
+              ": the Chunked backend differentiates relative_bias on the fused CPU kernels only "
+              "(float, double or bfloat16 on the CPU); use Backend::Math (or Auto)");
   kernels::Problem dense;
-  if (given.block_mask && !by_blocks) dense = kernels::with_dense_block_mask(given);
-  const kernels::Problem& p = given.block_mask && !by_blocks ? dense : given;
+  const bool expand = !in_kernel && (given.block_mask || given.relative_bias.defined());
+  if (expand) {
+    // The bias first: a key the block mask hides stays hidden whatever the bias adds there.
+    dense = kernels::with_dense_block_mask(kernels::with_dense_relative_bias(given));
+  }
+  const kernels::Problem& p = expand ? dense : given;
   check_supported(p, backend, query, key);
   // Nothing to attend, or nothing to multiply: every backend gives what whole matrices give.
   if (p.degenerate() || backend == Backend::Math) {
@@ -98,7 +109,8 @@ bool decodes_in_place(const kernels::Problem& p, const torch::Tensor& query,
   if (!fused || p.degenerate() || p.packed() || !kernels::paged_forward_applies(query)) {
     return false;
   }
-  if (p.mask.defined() || p.block_mask || p.dropout_p > 0.0 || p.need_weights || p.needs_grad) {
+  if (p.mask.defined() || p.block_mask || p.relative_bias.defined() || p.dropout_p > 0.0 ||
+      p.need_weights || p.needs_grad) {
     return false;
   }
   // A prompt chunk goes to Chunked's tiles; one query per head, however many heads share a
@@ -210,9 +222,10 @@ torch::Tensor projected_attention(const torch::Tensor& x_q, const torch::Tensor&
                                   const ScaledDotProductAttentionOptions& options) {
   const auto p =
       kernels::make_projected_problem(x_q, x_kv, W_query, W_key, W_value, options, kProjected);
-  const bool plain = !p.mask.defined() && !p.block_mask && p.dropout_p == 0.0 && !p.need_weights &&
-                     !p.beyond_native() && !p.bounded_left() && p.window_right < 0 &&
-                     p.backend == Backend::Auto && !p.needs_grad;
+  const bool plain = !p.mask.defined() && !p.block_mask && !p.relative_bias.defined() &&
+                     p.dropout_p == 0.0 && !p.need_weights && !p.beyond_native() &&
+                     !p.bounded_left() && p.window_right < 0 && p.backend == Backend::Auto &&
+                     !p.needs_grad;
   if (plain && kernels::tiny_applies(x_q, x_kv, W_query, W_key, W_value)) {
     last = Path::Direct;
     return kernels::tiny(p, x_q, x_kv, W_query, W_key, W_value);

@@ -250,7 +250,8 @@ Tensor flat_keys(const Problem& p, const Tensor& t) {
 
 std::pair<Tensor, Tensor> tiles_forward_with_lse(const Problem& p, const Tensor& q, const Tensor& k,
                                                  const Tensor& v) {
-  TORCH_INTERNAL_ASSERT(!p.block_mask, "the tiles read a block mask only as its dense mask");
+  TORCH_INTERNAL_ASSERT(!p.block_mask && !p.relative_bias.defined(),
+                        "the tiles read a block mask and a relative bias only as dense masks");
   auto [out, lse] = forward_blocks(p, flat_queries(p, q), flat_keys(p, k), flat_keys(p, v));
   auto shape = q.sizes().vec();
   shape.back() = p.dv;
@@ -267,7 +268,8 @@ std::tuple<Tensor, Tensor, Tensor> tiles_backward_with_lse(const Problem& p, con
                                                            const Tensor& k, const Tensor& v,
                                                            const Tensor& out, const Tensor& lse,
                                                            const Tensor& grad_out) {
-  TORCH_INTERNAL_ASSERT(!p.block_mask, "the tiles read a block mask only as its dense mask");
+  TORCH_INTERNAL_ASSERT(!p.block_mask && !p.relative_bias.defined(),
+                        "the tiles read a block mask and a relative bias only as dense masks");
   const auto flat_out = [&](const Tensor& t) {
     return t.reshape({p.n, p.g, p.t_q, p.dv}).contiguous();
   };
@@ -332,18 +334,26 @@ struct SavedBlockMask : torch::CustomClassHolder {
   BlockMask mask;
 };
 
+// The bucket of each relative position that forward saved (empty without a relative bias).
+std::vector<int64_t> problem_relative_buckets(torch::autograd::AutogradContext* ctx) {
+  return ctx->saved_data["relative_buckets"].toIntVector();
+}
+
 // Saves the unscaled queries and the keys and values as given; the flattened, contiguous
 // (N, G, T, d) copies that the generic tiles need are made in backward only.
 class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
  public:
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& sinks, const Problem& problem) {
+                        const Tensor& v, const Tensor& sinks, const Tensor& relative_bias,
+                        const Problem& problem) {
     // Without sinks, `sinks` is an empty placeholder (LibTorch's autograd takes no undefined
     // inputs).
     const bool with_sinks = problem.sinks.defined();
     auto [out, lse] = forward_with_lse(problem, q, k, v);
     if (with_sinks) lse = add_sinks(problem, out, lse, sinks);
-    ctx->save_for_backward({q, k, v, out, lse, sinks});
+    ctx->save_for_backward({q, k, v, out, lse, sinks, relative_bias});
+    ctx->saved_data["relative_buckets"] = problem.relative_buckets;
+    ctx->saved_data["relative_first"] = problem.relative_first;
     ctx->saved_data["with_sinks"] = with_sinks;
     // The problem travels to backward as plain values: the mask is never an autograd input here
     // (a mask that needs a gradient is refused before the kernel runs).
@@ -399,6 +409,11 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     p.mask = ctx->saved_data["mask"].toTensor();
     p.scale = ctx->saved_data["scale"].toDouble();
     if (ctx->saved_data["top_left"].toBool()) p.alignment = functional::CausalAlignment::TopLeft;
+    if (!problem_relative_buckets(ctx).empty()) {
+      p.relative_bias = saved[6];
+      p.relative_buckets = problem_relative_buckets(ctx);
+      p.relative_first = ctx->saved_data["relative_first"].toInt();
+    }
     if (ctx->saved_data.find("block_mask") != ctx->saved_data.end()) {
       p.block_mask = c10::static_intrusive_pointer_cast<SavedBlockMask>(
                          ctx->saved_data["block_mask"].toCapsule())
@@ -409,13 +424,26 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
           std::make_shared<const Sequences>(ctx->saved_data["query_offsets"].toIntVector(),
                                             ctx->saved_data["key_offsets"].toIntVector());
     }
-    auto [dq, dk, dv] =
-        backward_with_lse(p, saved[0], saved[1], saved[2], saved[3], saved[4], grads[0]);
+    // A relative bias is only here on the fused CPU kernels (every other route takes its dense
+    // bias as a mask): its gradient comes by relative position, summed into its buckets' rows.
+    Tensor d_relative, by_position;
+    Tensor dq, dk, dv;
+    if (p.relative_bias.defined()) {
+      std::tie(dq, dk, dv) =
+          cpu_backward(p, saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], &by_position);
+      const auto buckets = torch::tensor(p.relative_buckets, torch::kLong).to(by_position.device());
+      d_relative = torch::zeros(p.relative_bias.sizes(), by_position.options())
+                       .index_add_(0, buckets, by_position.t())
+                       .to(p.relative_bias.scalar_type());
+    } else {
+      std::tie(dq, dk, dv) =
+          backward_with_lse(p, saved[0], saved[1], saved[2], saved[3], saved[4], grads[0]);
+    }
     const auto& sinks = saved[5];
     const Tensor d_sinks = ctx->saved_data["with_sinks"].toBool() && ctx->needs_input_grad(3)
                                ? sink_gradient(p, saved[3], saved[4], grads[0], sinks)
                                : Tensor();
-    return {dq, dk, dv, d_sinks, Tensor()};
+    return {dq, dk, dv, d_sinks, d_relative, Tensor()};
   }
 };
 
@@ -438,13 +466,17 @@ functional::AttentionOutput chunked(const Problem& problem, const Tensor& query,
   // heads that is 1 MiB that nothing would read). Sinks shift the output by it, so they keep it.
   const bool records = torch::GradMode::is_enabled() &&
                        (query.requires_grad() || key.requires_grad() || value.requires_grad() ||
-                        (p.sinks.defined() && p.sinks.requires_grad()));
+                        (p.sinks.defined() && p.sinks.requires_grad()) ||
+                        (p.relative_bias.defined() && p.relative_bias.requires_grad()));
   if (!records && !p.sinks.defined() && fused_cpu_applies(query)) {
     auto out = cpu_forward(p, batched(query), batched(key), batched(value), /*with_lse=*/false);
     return {unbatched ? out.first.squeeze(0) : out.first, {}};
   }
   const auto sinks = p.sinks.defined() ? p.sinks : torch::empty({0}, query.options());
-  auto out = ChunkedAttention::apply(batched(query), batched(key), batched(value), sinks, p);
+  const auto relative =
+      p.relative_bias.defined() ? p.relative_bias : torch::empty({0}, query.options());
+  auto out =
+      ChunkedAttention::apply(batched(query), batched(key), batched(value), sinks, relative, p);
   return {unbatched ? out.squeeze(0) : out, {}};
 }
 

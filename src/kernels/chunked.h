@@ -36,10 +36,12 @@ std::pair<torch::Tensor, torch::Tensor> cpu_forward(const Problem& p, const torc
 /// The fused CPU backward of `p` (FlashAttention-2's): the gradients of query, key and value,
 /// shaped like them, from the output `out` and log-sum-exp `lse` (N, G, Tq) of the forward. For
 /// the queries fused_cpu_applies() takes.
+/// With a relative position bias, `relative_grad` (when given) receives the gradient of its bias
+/// by relative position, (H, Tq + Tk - 1) in float or double (relative_bias_by_position's layout).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> cpu_backward(
     const Problem& p, const torch::Tensor& query, const torch::Tensor& key,
     const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
-    const torch::Tensor& grad_out);
+    const torch::Tensor& grad_out, torch::Tensor* relative_grad = nullptr);
 
 /// forward_with_lse on the device-generic tiles, for any device and dtype: the forward of every
 /// input the fused CPU kernel does not take (and checked on the CPU against Math).

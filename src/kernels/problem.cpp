@@ -275,13 +275,40 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
     p.mask_is_bool = mask.scalar_type() == at::kBool;
     p.mask_needs_grad = !p.mask_is_bool && detail::records_grad(mask);
   }
+  if (options.relative_bias().defined()) {
+    const auto& table = options.relative_bias();
+    const int64_t buckets = options.relative_buckets().num_buckets();
+    TORCH_CHECK_TYPE(table.scalar_type() == like.scalar_type(), caller,
+                     ": expected relative_bias of the queries' dtype ", like.scalar_type(),
+                     ", got ", table.scalar_type());
+    TORCH_CHECK(table.device() == like.device(), caller, ": expected relative_bias on device ",
+                like.device(), ", got ", table.device());
+    TORCH_CHECK_VALUE(table.dim() == 2 && table.size(0) == buckets && table.size(1) == p.heads,
+                      caller, ": expected relative_bias of shape (", buckets, ", ", p.heads,
+                      "): one row per bucket of relative_buckets, one column per query head, got ",
+                      shape_str(table.sizes()));
+    p.relative_bias = table;
+    records_grad = records_grad || detail::records_grad(table);
+    // Every relative position j - pos(i) of the problem: from -(Tq - 1 + offset) to
+    // Tk - 1 - offset (bounded by 2 max(Tq, Tk): the query offset is |Tk - Tq| at most).
+    if (p.t_q > 0 && p.t_k > 0) {
+      p.relative_first = -(p.t_q - 1 + p.query_offset);
+      const auto positions = torch::arange(p.relative_first, p.t_k - p.query_offset, torch::kLong);
+      const auto found = options.relative_buckets().bucket(positions).contiguous();
+      p.relative_buckets.assign(found.data_ptr<int64_t>(),
+                                found.data_ptr<int64_t>() + found.numel());
+    }
+  }
   if (options.block_mask()) {
     const BlockMask& blocks = *options.block_mask();
     TORCH_CHECK_VALUE(blocks.t_q() == p.t_q && blocks.t_k() == p.t_k, caller,
                       ": expected a block_mask made for Tq = ", p.t_q, " queries and Tk = ", p.t_k,
                       " keys, got one made for ", blocks.t_q(), " and ", blocks.t_k());
-    const std::vector<int64_t> dense{blocks.batch(), blocks.heads(), p.t_q, p.t_k};
-    TORCH_CHECK_VALUE(detail::broadcastable_to(dense, p.score_sizes()), caller,
+    // The dense mask's shape, less the leading 1s that scores of rank 2 or 3 do not have.
+    std::vector<int64_t> dense{blocks.batch(), blocks.heads(), p.t_q, p.t_k};
+    const auto scores = p.score_sizes();
+    while (dense.size() > scores.size() && dense.front() == 1) dense.erase(dense.begin());
+    TORCH_CHECK_VALUE(detail::broadcastable_to(dense, scores), caller,
                       ": expected a block_mask whose batch and heads broadcast to the scores ",
                       shape_str(p.score_sizes()), " as a dense mask ", shape_str(dense),
                       " would, got batch ", blocks.batch(), " and heads ", blocks.heads());
@@ -292,9 +319,13 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
 }
 
 // Packed and paged calls place each sequence's queries and keys by offsets: a block mask over
-// the packed tokens would not say which sequence a block belongs to.
+// the packed tokens would not say which sequence a block belongs to, nor a relative bias where
+// a sequence's positions start.
 void refuse_block_mask(const functional::ScaledDotProductAttentionOptions& options,
                        const char* caller) {
+  TORCH_CHECK_VALUE(!options.relative_bias().defined(), caller,
+                    ": takes no relative_bias; use scaled_dot_product_attention per sequence for "
+                    "one");
   TORCH_CHECK_VALUE(!options.block_mask(), caller,
                     ": takes no block_mask (each query sees the keys of its own sequence, through "
                     "is_causal and the window); use scaled_dot_product_attention with a "
@@ -307,7 +338,11 @@ Problem with_dense_block_mask(const Problem& p) {
   if (!p.block_mask) return p;
   Problem dense = p;
   dense.block_mask = c10::nullopt;
-  const auto hidden = p.block_mask->to_attn_mask().to(p.device);
+  // (batch, heads, Tq, Tk), less the leading 1s that scores of rank 2 or 3 do not have: a mask
+  // of higher rank than the scores would give the output its rank.
+  auto hidden = p.block_mask->to_attn_mask().to(p.device);
+  const size_t rank = p.score_sizes().size();
+  while (static_cast<size_t>(hidden.dim()) > rank && hidden.size(0) == 1) hidden = hidden[0];
   if (!p.mask.defined()) {
     dense.mask = hidden;
     dense.mask_is_bool = true;
@@ -320,6 +355,40 @@ Problem with_dense_block_mask(const Problem& p) {
         p.mask);
   }
   return dense;
+}
+
+Problem with_dense_relative_bias(const Problem& p) {
+  if (!p.relative_bias.defined()) return p;
+  Problem dense = p;
+  dense.relative_bias = torch::Tensor();
+  dense.relative_buckets.clear();
+  if (p.t_q == 0 || p.t_k == 0) return dense;
+  // The bucket of each (i, j), then the table's row per pair: (Tq, Tk, H) -> (H, Tq, Tk).
+  const auto query = torch::arange(p.t_q, torch::kLong).view({-1, 1}) + p.query_offset;
+  const auto key = torch::arange(p.t_k, torch::kLong).view({1, -1});
+  const auto index = (key - query - p.relative_first).flatten();
+  const auto buckets = torch::tensor(p.relative_buckets, torch::kLong).index_select(0, index);
+  auto bias = p.relative_bias.index_select(0, buckets.to(p.device))
+                  .view({p.t_q, p.t_k, p.heads})
+                  .permute({2, 0, 1});
+  if (p.lead.empty()) bias = bias[0];  // one head: the scores are (Tq, Tk)
+  if (!p.mask.defined()) {
+    dense.mask = bias;
+  } else if (p.mask_is_bool) {
+    dense.mask = torch::where(
+        p.mask, torch::full({}, -std::numeric_limits<double>::infinity(), bias.options()), bias);
+  } else {
+    dense.mask = p.mask + bias;
+  }
+  dense.mask_is_bool = false;
+  dense.mask_needs_grad = dense.mask.requires_grad() && c10::GradMode::is_enabled();
+  return dense;
+}
+
+torch::Tensor relative_bias_by_position(const Problem& p, at::ScalarType dtype) {
+  if (!p.relative_bias.defined()) return {};
+  const auto buckets = torch::tensor(p.relative_buckets, torch::kLong).to(p.device);
+  return p.relative_bias.detach().to(dtype).index_select(0, buckets).t().contiguous();
 }
 
 std::vector<int64_t> block_mask_rows(const Problem& p) {

@@ -71,6 +71,12 @@ struct Problem {
   double softcap = 0.0;
   /// ALiBi: the slope of each query head (H entries; one at rank 2); empty = none.
   std::vector<double> alibi;
+  /// A relative position bias table (num_buckets, H) (options.relative_bias); undefined = none.
+  torch::Tensor relative_bias;
+  /// The bucket of each relative position j - pos(i), from relative_first on: Tq + Tk - 1 of
+  /// them, every relative position a query and key of the problem can have.
+  std::vector<int64_t> relative_buckets;
+  int64_t relative_first = 0;  // -(Tq - 1 + query_offset)
   /// Attention sinks: a logit per query head (H,) in every query's normalizer; undefined = none.
   torch::Tensor sinks;
   /// The user's mask as given: undefined, bool (true = hidden) or additive (same dtype as q).
@@ -203,6 +209,16 @@ inline int64_t queries_end(const Problem& p, int64_t j0, int64_t cols) {
 /// attn_mask: a key is hidden where either hides it (an additive mask gets -inf there). What
 /// every route but the fused CPU kernels computes from; `p` itself when it has no block mask.
 Problem with_dense_block_mask(const Problem& p);
+
+/// `p` with its relative position bias added to the mask as the dense bias it expands to,
+/// (H, Tq, Tk) (a bool mask becomes -inf where it hides), differentiable through the table: what
+/// every route but the fused CPU kernels computes from; `p` itself without a table.
+Problem with_dense_relative_bias(const Problem& p);
+
+/// The bias of each query head at each relative position, (H, Tq + Tk - 1) in `dtype`, row h
+/// holding relative_bias[relative_buckets[r], h] at r - relative_first: what the fused kernels
+/// add to a tile's scores. Undefined without a table.
+torch::Tensor relative_bias_by_position(const Problem& p, at::ScalarType dtype);
 
 /// For each query matrix of `p` (its leading dims (..., H) flattened), the block mask's batch row
 /// times its heads plus its head: the (b, h) whose blocks that matrix reads, with the mask's

@@ -100,6 +100,12 @@ void MultiHeadAttentionImpl::reset() {
   // Drawn after out_proj, so that the other parameters keep the book's seeded values.
   sinks = o.sinks() ? register_parameter("sinks", torch::randn({o.num_heads()}) * 0.02)
                     : torch::Tensor();
+  relative_attention_bias =
+      o.relative_bias()
+          ? register_parameter(
+                "relative_attention_bias",
+                torch::randn({o.relative_bias()->num_buckets(), o.num_heads()}) * 0.02)
+          : torch::Tensor();
 }
 
 functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
@@ -112,6 +118,9 @@ functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
   }
   if (alibi_slopes_.defined()) attention.alibi_slopes(alibi_slopes_);
   if (sinks.defined()) attention.sinks(sinks);
+  if (relative_attention_bias.defined()) {
+    attention.relative_bias(relative_attention_bias).relative_buckets(*o.relative_bias());
+  }
   return attention;
 }
 
@@ -129,6 +138,15 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   if (o.softcap()) stream << ", softcap=" << *o.softcap();
   if (o.alibi()) stream << ", alibi=true";
   if (o.sinks()) stream << ", sinks=true";
+  if (o.relative_bias()) {
+    const auto& r = *o.relative_bias();
+    if (r.kind == functional::RelativeBuckets::Kind::T5) {
+      stream << ", relative_bias=t5(num_buckets=" << r.num_buckets()
+             << ", max_distance=" << r.max_distance << ", bidirectional=" << r.bidirectional << ")";
+    } else {
+      stream << ", relative_bias=distance(max_distance=" << r.max_distance << ")";
+    }
+  }
   if (rotary_) {
     const auto& r = rotary_->options();
     stream << ", rope(theta=" << r.theta() << ", rotary_dim=" << r.rotary_dim() << ", layout="

@@ -5,9 +5,11 @@
 // definitions, so that a mistake in the library's own window arithmetic cannot hide in both.
 // Every backend must either raise a c10::Error or agree with the reference wherever the
 // reference is finite (so never NaN where it is finite). A disagreement aborts with the case
-// printed. Packed sequences (varlen_attention) and the pages of a cache (paged_attention) are
-// checked the same way against each sequence alone.
+// printed. A block mask, now and then, joins the reference as its dense mask built here from the
+// same visibility table. Packed sequences (varlen_attention) and the pages of a cache
+// (paged_attention) are checked the same way against each sequence alone.
 
+#include <attention/block_mask.h>
 #include <attention/functional.h>
 #include <attention/paged_attention.h>
 
@@ -457,6 +459,64 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default:
       break;
   }
+  // A block mask: pairs visible in patches of 1 to 8 positions, each patch hidden, visible or
+  // visible pair by pair, so that its blocks (of any size) take every class; one for all heads
+  // or one per head. Hidden pairs for the reference, shaped to broadcast to the scores.
+  torch::Tensor block_hidden;
+  std::ostringstream block_text;
+  if (in.below(3) == 1) {
+    const int64_t mask_heads = rank >= 3 && heads > 0 && in.below(2) == 1 ? heads : 1;
+    const int64_t patch = 1 + in.below(8);
+    auto visible = torch::empty({mask_heads, t_q, t_k}, torch::kBool);
+    auto* at = visible.data_ptr<bool>();
+    for (int64_t h = 0; h < mask_heads; ++h) {
+      for (int64_t pq = 0; pq < t_q; pq += patch) {
+        for (int64_t pk = 0; pk < t_k; pk += patch) {
+          const int64_t kind = in.below(3);
+          for (int64_t i = pq; i < std::min(t_q, pq + patch); ++i) {
+            for (int64_t j = pk; j < std::min(t_k, pk + patch); ++j) {
+              at[(h * t_q + i) * t_k + j] = kind == 2 ? in.below(2) == 1 : kind == 1;
+            }
+          }
+        }
+      }
+    }
+    const int64_t block =
+        in.below(4) == 0 ? std::max<int64_t>(1, in.extreme(t_k)) : 1 + in.below(40);
+    const auto mask = attention::BlockMask::from_function(
+        [visible, at, t_q, t_k](int64_t, int64_t h, int64_t i, int64_t j) {
+          return at[(h * t_q + i) * t_k + j];
+        },
+        1, mask_heads, t_q, t_k, block);
+    options.block_mask(mask);
+    block_hidden = rank >= 3 ? visible.logical_not() : visible[0].logical_not();
+    block_text << "\nblock mask " << mask << "\nvisible " << visible;
+  }
+  // A relative position bias, one bucket per distance up to a few positions (its dense bias for
+  // the reference written out here from the definition).
+  torch::Tensor relative_dense;
+  if (in.below(3) == 1) {
+    const int64_t max_distance = std::vector<int64_t>{0, 1, 2, 5, 39}[in.below(5)];
+    const int64_t table_heads = rank >= 3 ? heads : 1;
+    const auto table = in.tensor({2 * max_distance + 1, table_heads}, dtype);
+    options.relative_bias(table).relative_buckets(F::RelativeBuckets::distance(max_distance));
+    const int64_t offset =
+        options.causal_alignment() == F::CausalAlignment::TopLeft ? 0 : t_k - t_q;
+    auto dense = torch::empty({table_heads, t_q, t_k}, torch::kDouble);
+    const auto wide = table.to(torch::kDouble).contiguous();
+    const double* w = wide.data_ptr<double>();
+    double* out = dense.data_ptr<double>();
+    for (int64_t h = 0; h < table_heads; ++h) {
+      for (int64_t i = 0; i < t_q; ++i) {
+        for (int64_t j = 0; j < t_k; ++j) {
+          const int64_t bucket = std::clamp<int64_t>(j - (i + offset), -max_distance, max_distance);
+          out[(h * t_q + i) * t_k + j] = w[(bucket + max_distance) * table_heads + h];
+        }
+      }
+    }
+    relative_dense = rank >= 3 ? dense : dense[0];
+    block_text << "\nrelative bias (max_distance " << max_distance << ") " << table;
+  }
 
   std::ostringstream case_text;
   case_text << "query " << q.sizes() << " key " << k.sizes() << " value " << v.sizes() << " dtype "
@@ -465,15 +525,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             << " top-left " << (options.causal_alignment() == F::CausalAlignment::TopLeft)
             << " window " << options.window_left().value_or(-1) << "/"
             << options.window_right().value_or(-1) << "\nq " << q << "\nk " << k << "\nv " << v
-            << "\nmask " << options.attn_mask();
+            << "\nmask " << options.attn_mask() << block_text.str();
   described = case_text.str();
   auto reference = options;
-  reference.backend(F::Backend::Math).is_causal(false).window_left({}).window_right({});
+  reference.backend(F::Backend::Math)
+      .is_causal(false)
+      .window_left({})
+      .window_right({})
+      .block_mask(c10::nullopt)
+      .relative_bias({});
   if (reference.attn_mask().defined() && reference.attn_mask().is_floating_point()) {
     reference.attn_mask(reference.attn_mask().to(torch::kDouble));
   }
-  const auto hidden = hidden_by_position(options, t_q, t_k);
-  if (hidden.defined()) {
+  if (relative_dense.defined()) {
+    const auto& mask = reference.attn_mask();
+    reference.attn_mask(
+        !mask.defined() ? relative_dense
+        : mask.is_floating_point()
+            ? mask + relative_dense
+            : torch::where(mask, torch::full({}, -INFINITY, torch::kDouble), relative_dense));
+  }
+  for (const auto& hidden : {hidden_by_position(options, t_q, t_k), block_hidden}) {
+    if (!hidden.defined()) continue;
     const auto& mask = reference.attn_mask();
     reference.attn_mask(!mask.defined()            ? hidden
                         : mask.is_floating_point() ? mask.masked_fill(hidden, -INFINITY)

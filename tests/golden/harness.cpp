@@ -213,6 +213,11 @@ Module make_multi_head_attention(const Case& c) {
   if (a.value("sliding_window", 0) > 0)
     mha_options.sliding_window(a.at("sliding_window").get<int64_t>());
   if (a.value("softcap", 0.0) > 0.0) mha_options.softcap(a.at("softcap").get<double>());
+  if (a.contains("relative_bias")) {
+    const auto r = a.at("relative_bias").get<std::vector<int64_t>>();
+    mha_options.relative_bias(
+        attention::functional::RelativeBuckets::t5(r.at(0), r.at(1), r.at(2) != 0));
+  }
   if (a.value("top_left", false)) {
     mha_options.causal_alignment(attention::functional::CausalAlignment::TopLeft);
   }

@@ -21,7 +21,8 @@
 //                               causal attention call it serves)
 //           block-attention:T  (16 causal documents in T, and prefix-LM over T/2, through a
 //                               block mask, against full causal attention scaled by the blocks
-//                               visited, and against a dense bool mask)
+//                               visited, and against a dense bool mask; causal attention over T/2
+//                               with and without a learned T5 relative position bias)
 
 #include <attention/attention.h>
 
@@ -738,6 +739,30 @@ void bench_block_attention(int64_t t) {
       {"documents", t, BlockMask::document(torch::tensor(ids)) & BlockMask::causal(t, t)},
       {"prefix_lm", t_prefix, BlockMask::prefix_lm(t_prefix, t_prefix / 4)}};
   const auto chunked = F::ScaledDotProductAttentionOptions().backend(Backend::Chunked);
+  // A learned T5 relative position bias on full causal attention: what the bias costs.
+  {
+    const auto buckets = F::RelativeBuckets::t5();
+    auto table = torch::randn({buckets.num_buckets(), 4}) * 0.1;
+    for (const bool train : {false, true}) {
+      const std::string pass = train ? "forward+backward" : "forward";
+      table.requires_grad_(train);
+      progress(fmt::format("block-attention relative bias T={} {}", t_prefix, pass));
+      const auto causal = F::ScaledDotProductAttentionOptions(chunked).is_causal(true);
+      const double plain_ms = time_call(t_prefix, causal, train);
+      const double biased_ms = time_call(
+          t_prefix,
+          F::ScaledDotProductAttentionOptions(causal).relative_bias(table).relative_buckets(
+              buckets),
+          train);
+      record("block-attention", "cpp.core.chunked.causal", pass, t_prefix, plain_ms, 0);
+      record("block-attention", "cpp.core.chunked.causal.relative_bias_t5", pass, t_prefix,
+             biased_ms, 0);
+      progress(
+          fmt::format("block-attention relative bias T={} {}: with T5's bias {:.1f} ms, "
+                      "without {:.1f} ms: {:.2f}x",
+                      t_prefix, pass, biased_ms, plain_ms, biased_ms / plain_ms));
+    }
+  }
   for (const auto& c : cases) {
     const double share = visited(c.mask) / visited(BlockMask::causal(c.n, c.n));
     for (const bool train : {false, true}) {

@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -155,9 +157,15 @@ class Backward {
         dv_(dv),
         splits_(static_cast<int64_t>(dq_parts.size())),
         row_ld_(p.t_q),
-        blocks_(p) {
+        blocks_(p),
+        relative_(relative_bias_by_position(p, c10::CppTypeToScalarType<T>::value)) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
+    if (relative_.defined()) relative_sum_ = torch::zeros_like(relative_);
   }
+
+  // The gradient of the bias by relative position, (H, Tq + Tk - 1), once run() has run;
+  // undefined without a table.
+  Tensor relative_gradient() const { return relative_sum_; }
 
   // One sequence of a packed problem: its matrices (and each split's query gradients) start at
   // its first query and key row, and its rows of the log-sum-exp and of delta lie row_ld apart.
@@ -189,6 +197,12 @@ class Backward {
     at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
       TileBuffers w(p_);
       for (int64_t item = begin; item < end; ++item) keys(item / splits_, item % splits_, w);
+      if (!w.relative_grad.empty()) {
+        // Each range of items kept its own gradient by relative position: added once, in turn.
+        std::lock_guard<std::mutex> lock(*relative_mutex_);
+        T* sum = relative_sum_.data_ptr<T>();
+        for (size_t e = 0; e < w.relative_grad.size(); ++e) sum[e] += w.relative_grad[e];
+      }
     });
   }
 
@@ -200,6 +214,8 @@ class Backward {
   struct TileBuffers {
     cpu::TileLease lease;
     T *s, *prob, *dp, *cap_slope, *keys_t, *values_t, *product;
+    // With a relative bias: the gradient of its bias by relative position from these tiles.
+    std::vector<T> relative_grad;
     explicit TileBuffers(const Problem& p)
         : lease((p.softcap > 0.0 ? 4 : 3) * cpu::TileLease::tile_bytes<T>(p.block * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.d * p.block) +
@@ -211,7 +227,11 @@ class Backward {
           cap_slope(p.softcap > 0.0 ? lease.take<T>(p.block * p.block) : nullptr),
           keys_t(lease.take<T>(p.d * p.block)),
           values_t(lease.take<T>(p.dv * p.block)),
-          product(lease.take<T>(p.block * std::max(p.d, p.dv))) {}
+          product(lease.take<T>(p.block * std::max(p.d, p.dv))),
+          relative_grad(p.relative_bias.defined()
+                            ? static_cast<size_t>(p.heads * (p.t_q + p.t_k - 1))
+                            : size_t{0},
+                        T(0)) {}
   };
 
   // The key blocks split, split + splits, ... of key/value head kv.
@@ -281,7 +301,8 @@ class Backward {
     T *s = w.s, *prob = w.prob, *dp = w.dp, *cap_slope = w.cap_slope;
     cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q, q_.row_stride, w.keys_t + first, p_.block, 0,
                  s, cols);
-    cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope);
+    cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope,
+                           relative_.defined() ? relative_.data_ptr<T>() : nullptr);
     if (partial) blocks_.hide(h, i0, rows, j0, cols, s, cols);
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * row_ld_ + i0);
@@ -289,7 +310,15 @@ class Backward {
                  dv_.row_stride, w.product);
     cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, go, go_.row_stride, w.values_t + first,
                  p_.block, 0, dp, cols);
-    dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * row_ld_ + i0, scale);
+    // With a relative bias the gradient of the scores themselves is wanted first: the scale is
+    // applied after it is added to the bias's gradient by relative position.
+    const bool relative = relative_.defined();
+    dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * row_ld_ + i0,
+                             relative ? T(1) : scale);
+    if (relative) {
+      T* grad = w.relative_grad.data() + (h % p_.heads) * (p_.t_q + p_.t_k - 1) - p_.relative_first;
+      cpu::accumulate_relative_bias(dp, cols, grad + j0 - (i0 + p_.query_offset), rows, scale);
+    }
     if (cap_slope) {  // through softcap * tanh(s / softcap)
       for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
     }
@@ -309,6 +338,10 @@ class Backward {
   int64_t row_ld_;
   std::vector<int64_t> mask_at_;
   cpu::MaskBlocks blocks_;
+  Tensor relative_;  // relative_bias_by_position, undefined without a table
+  // The sum of the items' gradients by relative position, and the lock that guards it.
+  Tensor relative_sum_;
+  std::unique_ptr<std::mutex> relative_mutex_ = std::make_unique<std::mutex>();
 };
 
 // How many items share the key blocks of one sequence's key/value head in a packed problem: as
@@ -385,11 +418,11 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
 std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& query,
                                                 const Tensor& key, const Tensor& value,
                                                 const Tensor& out, const Tensor& lse,
-                                                const Tensor& grad_out) {
+                                                const Tensor& grad_out, Tensor* relative_grad) {
   if (cpu::widened_to_float(query)) {
     auto [dq, dk, dv] = cpu_backward(cpu::with_float_mask(p), cpu::widened(query),
                                      cpu::widened(key), cpu::widened(value), cpu::widened(out),
-                                     cpu::widened(lse), cpu::widened(grad_out));
+                                     cpu::widened(lse), cpu::widened(grad_out), relative_grad);
     const auto dtype = query.scalar_type();
     return {cpu::converted(dq, dtype), cpu::converted(dk, dtype), cpu::converted(dv, dtype)};
   }
@@ -412,7 +445,9 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
     if (p.packed()) {
       run_packed<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv);
     } else {
-      Backward<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv).run();
+      Backward<scalar_t> backward(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv);
+      backward.run();
+      if (relative_grad) *relative_grad = backward.relative_gradient();
     }
   });
   for (int64_t s = 1; s < splits; ++s) dq_parts[0].add_(dq_parts[s]);

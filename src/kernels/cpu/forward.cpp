@@ -45,7 +45,8 @@ class Forward {
         out_(out),
         lse_(lse.defined() ? lse.data_ptr<T>() : nullptr),
         lse_ld_(p.t_q),
-        blocks_(p) {
+        blocks_(p),
+        relative_(relative_bias_by_position(p, c10::CppTypeToScalarType<T>::value)) {
     if (p.mask.defined()) mask_at_ = cpu::matrix_offsets(p.mask);
   }
 
@@ -203,7 +204,8 @@ class Forward {
     const int64_t j0 = block + from;
     cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q_.row(h, i), q_.row_stride, w.keys_t + from,
                  p_.block, 0, scores, ld);
-    cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr);
+    cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr,
+                           relative_.defined() ? relative_.data_ptr<T>() : nullptr);
     if (partial) blocks_.hide(h, i, rows, j0, cols, scores, ld);
     cpu::online_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, state.max, state.sum,
                              state.acc, p_.dv, state.acc_ld);
@@ -217,6 +219,7 @@ class Forward {
   int64_t lse_ld_;
   std::vector<int64_t> mask_at_;
   cpu::MaskBlocks blocks_;
+  Tensor relative_;  // relative_bias_by_position, undefined without a table
 };
 
 // A packed problem: each sequence's query blocks as a one-sequence Forward computes them. Work

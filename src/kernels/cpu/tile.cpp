@@ -37,6 +37,59 @@ torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype) {
   return empty_in_layout_of(t, t.sizes(), dtype).copy_(t);
 }
 
+namespace {
+
+template <typename T>
+ATTENTION_ALWAYS_INLINE void add_rows(T* s, int64_t ld, const T* at, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = s + r * ld;
+    const T* bias = at - r;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) row[j] += bias[j];
+  }
+}
+
+template <typename T>
+ATTENTION_ALWAYS_INLINE void accumulate_rows(T* g, int64_t cols, T* at, int64_t rows, T scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = g + r * cols;
+    T* grad = at - r;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      grad[j] += row[j];
+      row[j] *= scale;
+    }
+  }
+}
+
+ATTENTION_MULTIVERSION void add_rows_f32(float* s, int64_t ld, const float* at, int64_t rows,
+                                         int64_t cols) {
+  add_rows(s, ld, at, rows, cols);
+}
+
+ATTENTION_MULTIVERSION void accumulate_rows_f32(float* g, int64_t cols, float* at, int64_t rows,
+                                                float scale) {
+  accumulate_rows(g, cols, at, rows, scale);
+}
+
+}  // namespace
+
+void add_relative_bias(float* s, int64_t ld, const float* at, int64_t rows, int64_t cols) {
+  add_rows_f32(s, ld, at, rows, cols);
+}
+
+void add_relative_bias(double* s, int64_t ld, const double* at, int64_t rows, int64_t cols) {
+  add_rows(s, ld, at, rows, cols);
+}
+
+void accumulate_relative_bias(float* g, int64_t cols, float* at, int64_t rows, float scale) {
+  accumulate_rows_f32(g, cols, at, rows, scale);
+}
+
+void accumulate_relative_bias(double* g, int64_t cols, double* at, int64_t rows, double scale) {
+  accumulate_rows(g, cols, at, rows, scale);
+}
+
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t) {
   const int64_t lead = t.dim() - 2;
   int64_t count = 1;

@@ -99,6 +99,18 @@ void apply_mask(const torch::Tensor& mask, int64_t offset, int64_t i0, int64_t j
   }
 }
 
+/// The relative position bias on a tile of scores `s` (row stride ld): row r gains the bias by
+/// relative position from `at - r` on (the next query is one position further from each key).
+/// Built per instruction set (ATTENTION_MULTIVERSION): the kernels' own files are compiled for
+/// the baseline.
+void add_relative_bias(float* s, int64_t ld, const float* at, int64_t rows, int64_t cols);
+void add_relative_bias(double* s, int64_t ld, const double* at, int64_t rows, int64_t cols);
+
+/// The backward's counterpart: row r of the score gradients `g` (row stride cols) is added to the
+/// bias's gradient by relative position from `at - r` on, then scaled by `scale`.
+void accumulate_relative_bias(float* g, int64_t cols, float* at, int64_t rows, float scale);
+void accumulate_relative_bias(double* g, int64_t cols, double* at, int64_t rows, double scale);
+
 /// A block mask as the fused kernels read it (Problem::block_mask): the class of a tile, whose
 /// blocks need not be the mask's (a tile's class combines those of the mask blocks under it),
 /// and the pairs it hides.
@@ -166,11 +178,14 @@ class MaskBlocks {
 /// What comes between the product of queries and keys and the softmax, on a tile of scaled
 /// scores `s` (row stride ld) of query matrix h, queries [i0, i0 + rows), keys [j0, j0 + cols):
 /// soft-capping (writing its derivative 1 - tanh^2 to `cap_slope`, row stride cols, when given),
-/// ALiBi, the user's mask (its matrices at `mask_at`), and -inf for keys left of the window.
+/// ALiBi, the relative position bias (`relative`: relative_bias_by_position's (H, Tq + Tk - 1)
+/// rows, or nullptr), the user's mask (its matrices at `mask_at`), and -inf for keys left of the
+/// window.
 /// Keys right of the causal diagonal or the window are the caller's: it never reads them.
 template <typename T>
 void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64_t h, int64_t i0,
-                    int64_t rows, int64_t j0, int64_t cols, T* s, int64_t ld, T* cap_slope) {
+                    int64_t rows, int64_t j0, int64_t cols, T* s, int64_t ld, T* cap_slope,
+                    const T* relative = nullptr) {
   if (p.softcap > 0.0) {
     const T cap = static_cast<T>(p.softcap), inverse = T(1) / cap;
     for (int64_t r = 0; r < rows; ++r) {
@@ -193,6 +208,11 @@ void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64
         row[j] -= slope * static_cast<T>(distance);
       }
     }
+  }
+  if (relative) {
+    // Row h of the bias by relative position, indexed by j - pos(i) - relative_first.
+    const T* bias = relative + (h % p.heads) * (p.t_q + p.t_k - 1) - p.relative_first;
+    add_relative_bias(s, ld, bias + j0 - (i0 + p.query_offset), rows, cols);
   }
   if (p.mask.defined()) apply_mask<T>(p.mask, mask_at[h], i0, j0, s, rows, cols, ld);
   if (p.bounded_left()) {

@@ -1,0 +1,78 @@
+// Relative position buckets (attention/relative_bias.h): T5's, computed with LibTorch's ops in
+// the dtypes T5's Python code uses, so that a position on a bucket's edge lands in the bucket
+// Python gives it; and one bucket per distance.
+
+#include <attention/relative_bias.h>
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace attention {
+namespace functional {
+namespace {
+
+// The longest distance a table is described for: far beyond any context, and short of the sizes
+// where 2 max_distance + 1 buckets or the logarithm's arguments would overflow.
+constexpr int64_t kMaxRelativeDistance = int64_t{1} << 30;
+
+}  // namespace
+
+RelativeBuckets RelativeBuckets::t5(int64_t num_buckets, int64_t max_distance, bool bidirectional) {
+  constexpr const char* kName = "attention::functional::RelativeBuckets::t5";
+  const int64_t least = bidirectional ? 4 : 2;
+  TORCH_CHECK_VALUE(num_buckets >= least && num_buckets <= kMaxRelativeDistance, kName,
+                    ": expected ", least, " <= num_buckets <= 2^30 (", bidirectional ? "bi" : "uni",
+                    "directional), got ", num_buckets);
+  const int64_t exact = (bidirectional ? num_buckets / 2 : num_buckets) / 2;
+  TORCH_CHECK_VALUE(max_distance > exact && max_distance <= kMaxRelativeDistance, kName,
+                    ": expected max_distance above the exact range (", exact,
+                    " positions) and at most 2^30, got ", max_distance);
+  RelativeBuckets b;
+  b.kind = Kind::T5;
+  b.buckets = num_buckets;
+  b.max_distance = max_distance;
+  b.bidirectional = bidirectional;
+  return b;
+}
+
+RelativeBuckets RelativeBuckets::distance(int64_t max_distance) {
+  TORCH_CHECK_VALUE(max_distance >= 0 && max_distance <= kMaxRelativeDistance,
+                    "attention::functional::RelativeBuckets::distance: expected 0 <= max_distance "
+                    "<= 2^30, got ",
+                    max_distance);
+  RelativeBuckets b;
+  b.kind = Kind::Distance;
+  b.buckets = 2 * max_distance + 1;
+  b.max_distance = max_distance;
+  return b;
+}
+
+torch::Tensor RelativeBuckets::bucket(const torch::Tensor& relative) const {
+  const auto r = relative.to(torch::kLong);
+  if (kind == Kind::Distance) return r.clamp(-max_distance, max_distance) + max_distance;
+  // T5: the sign picks a half (bidirectional), or keys after the query share bucket 0.
+  int64_t half = buckets;
+  torch::Tensor base = torch::zeros_like(r), distance;
+  if (bidirectional) {
+    half = buckets / 2;
+    base = (r > 0).to(torch::kLong) * half;
+    distance = r.abs();
+  } else {
+    distance = -torch::min(r, torch::zeros_like(r));
+  }
+  const int64_t exact = half / 2;
+  // Beyond the exact range: exact + log(d / exact) / log(max_distance / exact) * (half - exact),
+  // in float32 as T5's code computes it, truncated, and at most the last bucket.
+  const auto large =
+      (exact + (torch::log(distance.to(torch::kFloat) / static_cast<double>(exact)) /
+                std::log(static_cast<double>(max_distance) / static_cast<double>(exact)) *
+                static_cast<double>(half - exact))
+                   .to(torch::kLong))
+          .clamp_max(half - 1);
+  return base + torch::where(distance < exact, distance, large);
+}
+
+}  // namespace functional
+}  // namespace attention
