@@ -2,13 +2,16 @@
 
 // Small helpers shared by the test files.
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
 #include "catch_compat.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,33 @@ namespace test {
 inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.numel() == 0 && b.numel() == 0) return 0.0;
   return (a.detach().to(torch::kDouble) - b.detach().to(torch::kDouble)).abs().max().item<double>();
+}
+
+// The largest difference between two lists of results, element by element; infinite when a pair
+// differs in shape (a broadcast would hide it).
+inline double max_abs_diff(const std::vector<torch::Tensor>& a,
+                           const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].sizes() != b[i].sizes()) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, max_abs_diff(a[i], b[i]));
+  }
+  return worst;
+}
+
+// Runs `body` with LibTorch's intra-op pool at `threads` threads, then restores it.
+template <typename Body>
+void with_threads(int threads, Body body) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(threads);
+  try {
+    body();
+  } catch (...) {
+    at::set_num_threads(before);
+    throw;
+  }
+  at::set_num_threads(before);
 }
 
 // Copies of a module's parameters, to check later that something left them as they were.

@@ -65,12 +65,9 @@ BlockMask mask_of(const torch::Tensor& visible, int64_t block) {
 }
 
 // Output and the gradients of query, key, value (and sinks when given) for `upstream`.
-struct Result {
-  std::vector<torch::Tensor> tensors;
-};
-
-Result run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-           const Options& options, const torch::Tensor& upstream, bool train) {
+std::vector<torch::Tensor> run(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const Options& options,
+                               const torch::Tensor& upstream, bool train) {
   auto q1 = q.detach().clone().requires_grad_(train), k1 = k.detach().clone().requires_grad_(train),
        v1 = v.detach().clone().requires_grad_(train);
   Options own = options;
@@ -80,25 +77,16 @@ Result run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& 
     own.sinks(sinks);
   }
   auto out = F::scaled_dot_product_attention(q1, k1, v1, own).output;
-  Result r{{out.detach()}};
+  std::vector<torch::Tensor> r{out.detach()};
   if (!train) return r;
   out.backward(upstream);
-  for (const auto& t : {q1, k1, v1}) r.tensors.push_back(t.grad());
-  if (sinks.defined()) r.tensors.push_back(sinks.grad());
+  for (const auto& t : {q1, k1, v1}) r.push_back(t.grad());
+  if (sinks.defined()) r.push_back(sinks.grad());
   return r;
 }
 
-double worst(const Result& a, const Result& b) {
-  double w = 0;
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    // A result of another shape is wrong however close its broadcast values come.
-    if (a.tensors[i].sizes() != b.tensors[i].sizes())
-      return std::numeric_limits<double>::infinity();
-    w = std::max(
-        w, test::max_abs_diff(a.tensors[i].to(torch::kDouble), b.tensors[i].to(torch::kDouble)));
-  }
-  return w;
-}
+// The largest difference over the output and the gradients (infinite across shapes).
+using test::max_abs_diff;
 
 }  // namespace block_mask_attention_test
 
@@ -109,70 +97,69 @@ TEST_CASE("block mask attention: the fused kernels equal Math on the dense mask,
   std::mt19937 rng(4242);
   torch::manual_seed(4242);
   auto pick = [&](std::vector<int64_t> values) { return values[rng() % values.size()]; };
-  const int before = at::get_num_threads();
   for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    for (int trial = 0; trial < 40; ++trial) {
-      const int64_t batch = pick({1, 2}), kv_heads = pick({1, 2}), group = pick({1, 2});
-      const int64_t heads = kv_heads * group;
-      const int64_t t_q = pick({1, 37, 96, 130}), t_k = pick({1, 50, 96, 141});
-      const int64_t d = pick({8, 16}), dv = pick({4, 8});
-      // Kernel blocks equal to the mask's, larger and smaller; patches across mask blocks.
-      const int64_t mask_block = pick({16, 32}), kernel_block = pick({16, 32, 64, 24});
-      const int64_t patch = pick({8, 16, 48});
-      const int64_t mask_batch = pick({1, batch}), mask_heads = pick({1, heads});
-      const auto visible = random_visibility(rng, mask_batch, mask_heads, t_q, t_k, patch);
-      const BlockMask mask = mask_of(visible, mask_block);
-      const auto dtype = trial % 5 == 4 ? torch::kFloat : torch::kDouble;
-      const auto opts = torch::TensorOptions().dtype(dtype);
-      auto q = torch::randn({batch, t_q, heads, d}, opts).transpose(1, 2);  // strided heads
-      auto k = torch::randn({batch, kv_heads, t_k, d}, opts);
-      auto v = torch::randn({batch, kv_heads, t_k, dv}, opts);
-      Options options;
-      options.block_size(kernel_block);
-      const int option = trial % 8;
-      if (option == 1) options.is_causal(true);
-      if (option == 2) options.is_causal(true).window_left(pick({0, 5, 40}));
-      if (option == 3) options.softcap(2.5).scale(0.7);
-      if (option == 4) options.alibi_slopes(F::alibi_slopes(heads).to(dtype));
-      if (option == 5) options.sinks(torch::randn({heads}, opts));
-      if (option == 6) options.attn_mask(torch::rand({batch, 1, 1, t_k}) < 0.2);
-      if (option == 7) options.attn_mask(torch::randn({1, heads, t_q, t_k}, opts));
-      if (trial % 3 == 0) options.causal_alignment(F::CausalAlignment::TopLeft);
-      INFO("threads " << threads << ", trial " << trial << ": q " << q.sizes() << ", k "
-                      << k.sizes() << ", mask (" << mask_batch << ", " << mask_heads << ") blocks "
-                      << mask_block << ", kernel blocks " << kernel_block << ", option " << option
-                      << ", " << mask);
-      // Math's dense mask: this file's visibility merged with the option's own mask.
-      Options math = options;
-      math.backend(F::Backend::Math);
-      const auto hidden = visible.logical_not();
-      if (!options.attn_mask().defined()) {
-        math.attn_mask(hidden);
-      } else if (options.attn_mask().scalar_type() == torch::kBool) {
-        math.attn_mask(options.attn_mask().logical_or(hidden));
-      } else {
-        math.attn_mask(
-            options.attn_mask().masked_fill(hidden, -std::numeric_limits<double>::infinity()));
+    test::with_threads(threads, [&] {
+      for (int trial = 0; trial < 40; ++trial) {
+        const int64_t batch = pick({1, 2}), kv_heads = pick({1, 2}), group = pick({1, 2});
+        const int64_t heads = kv_heads * group;
+        const int64_t t_q = pick({1, 37, 96, 130}), t_k = pick({1, 50, 96, 141});
+        const int64_t d = pick({8, 16}), dv = pick({4, 8});
+        // Kernel blocks equal to the mask's, larger and smaller; patches across mask blocks.
+        const int64_t mask_block = pick({16, 32}), kernel_block = pick({16, 32, 64, 24});
+        const int64_t patch = pick({8, 16, 48});
+        const int64_t mask_batch = pick({1, batch}), mask_heads = pick({1, heads});
+        const auto visible = random_visibility(rng, mask_batch, mask_heads, t_q, t_k, patch);
+        const BlockMask mask = mask_of(visible, mask_block);
+        const auto dtype = trial % 5 == 4 ? torch::kFloat : torch::kDouble;
+        const auto opts = torch::TensorOptions().dtype(dtype);
+        auto q = torch::randn({batch, t_q, heads, d}, opts).transpose(1, 2);  // strided heads
+        auto k = torch::randn({batch, kv_heads, t_k, d}, opts);
+        auto v = torch::randn({batch, kv_heads, t_k, dv}, opts);
+        Options options;
+        options.block_size(kernel_block);
+        const int option = trial % 8;
+        if (option == 1) options.is_causal(true);
+        if (option == 2) options.is_causal(true).window_left(pick({0, 5, 40}));
+        if (option == 3) options.softcap(2.5).scale(0.7);
+        if (option == 4) options.alibi_slopes(F::alibi_slopes(heads).to(dtype));
+        if (option == 5) options.sinks(torch::randn({heads}, opts));
+        if (option == 6) options.attn_mask(torch::rand({batch, 1, 1, t_k}) < 0.2);
+        if (option == 7) options.attn_mask(torch::randn({1, heads, t_q, t_k}, opts));
+        if (trial % 3 == 0) options.causal_alignment(F::CausalAlignment::TopLeft);
+        INFO("threads " << threads << ", trial " << trial << ": q " << q.sizes() << ", k "
+                        << k.sizes() << ", mask (" << mask_batch << ", " << mask_heads
+                        << ") blocks " << mask_block << ", kernel blocks " << kernel_block
+                        << ", option " << option << ", " << mask);
+        // Math's dense mask: this file's visibility merged with the option's own mask.
+        Options math = options;
+        math.backend(F::Backend::Math);
+        const auto hidden = visible.logical_not();
+        if (!options.attn_mask().defined()) {
+          math.attn_mask(hidden);
+        } else if (options.attn_mask().scalar_type() == torch::kBool) {
+          math.attn_mask(options.attn_mask().logical_or(hidden));
+        } else {
+          math.attn_mask(
+              options.attn_mask().masked_fill(hidden, -std::numeric_limits<double>::infinity()));
+        }
+        Options fused = options;
+        fused.backend(F::Backend::Chunked).block_mask(mask);
+        const auto upstream = torch::randn({batch, heads, t_q, dv}, opts);
+        const double tolerance = dtype == torch::kDouble ? 1e-10 : 2e-5;
+        const auto expected = run(q, k, v, math, upstream, true);
+        const auto got = run(q, k, v, fused, upstream, true);
+        CHECK(F::last_path() == F::Path::ChunkedFused);
+        CHECK(max_abs_diff(got, expected) < tolerance);
+        // Inference takes the forward without its log-sum-exp; Math's own route reads the block
+        // mask as its dense mask.
+        CHECK(max_abs_diff(run(q, k, v, fused, upstream, false),
+                           run(q, k, v, math, upstream, false)) < tolerance);
+        Options math_with_blocks = options;
+        math_with_blocks.backend(F::Backend::Math).block_mask(mask);
+        CHECK(max_abs_diff(run(q, k, v, math_with_blocks, upstream, true), expected) < tolerance);
       }
-      Options fused = options;
-      fused.backend(F::Backend::Chunked).block_mask(mask);
-      const auto upstream = torch::randn({batch, heads, t_q, dv}, opts);
-      const double tolerance = dtype == torch::kDouble ? 1e-10 : 2e-5;
-      const auto expected = run(q, k, v, math, upstream, true);
-      const auto got = run(q, k, v, fused, upstream, true);
-      CHECK(F::last_path() == F::Path::ChunkedFused);
-      CHECK(worst(got, expected) < tolerance);
-      // Inference takes the forward without its log-sum-exp; Math's own route reads the block
-      // mask as its dense mask.
-      CHECK(worst(run(q, k, v, fused, upstream, false), run(q, k, v, math, upstream, false)) <
-            tolerance);
-      Options math_with_blocks = options;
-      math_with_blocks.backend(F::Backend::Math).block_mask(mask);
-      CHECK(worst(run(q, k, v, math_with_blocks, upstream, true), expected) < tolerance);
-    }
+    });
   }
-  at::set_num_threads(before);
 }
 
 TEST_CASE(
@@ -202,10 +189,10 @@ TEST_CASE(
                              wide(upstream), true);
       const auto got =
           run(q, k, v, Options().backend(F::Backend::Chunked).block_mask(*mask), upstream, true);
-      CHECK(worst(got, truth) < (dtype == torch::kFloat ? 1e-4 : 0.1));
+      CHECK(max_abs_diff(got, truth) < (dtype == torch::kFloat ? 1e-4 : 0.1));
       if (mask == &blind) {
-        CHECK(got.tensors[0].narrow(2, 0, 100).abs().max().item<double>() == 0.0);
-        CHECK(got.tensors[1].narrow(2, 0, 100).abs().max().item<double>() == 0.0);
+        CHECK(got[0].narrow(2, 0, 100).abs().max().item<double>() == 0.0);
+        CHECK(got[1].narrow(2, 0, 100).abs().max().item<double>() == 0.0);
       }
     }
   }
@@ -231,13 +218,14 @@ TEST_CASE("block mask attention: one head (T, d) and heads without a batch (H, T
     INFO("heads " << heads);
     const auto expected =
         run(q, k, v, Options().backend(F::Backend::Math).attn_mask(hidden), upstream, true);
-    CHECK(
-        worst(run(q, k, v, Options().backend(F::Backend::Chunked).block_mask(mask), upstream, true),
+    CHECK(max_abs_diff(
+              run(q, k, v, Options().backend(F::Backend::Chunked).block_mask(mask), upstream, true),
               expected) < 1e-10);
     // Math reads the dense mask shaped as the scores (a mask of higher rank would give the
     // output its rank).
-    CHECK(worst(run(q, k, v, Options().backend(F::Backend::Math).block_mask(mask), upstream, true),
-                expected) < 1e-10);
+    CHECK(max_abs_diff(
+              run(q, k, v, Options().backend(F::Backend::Math).block_mask(mask), upstream, true),
+              expected) < 1e-10);
   }
 }
 

@@ -22,21 +22,8 @@ namespace {
 
 using test::chunked_grads;
 using test::math_grads;
+using test::with_threads;
 using test::worst;
-
-// Runs `body` with LibTorch's intra-op pool at `threads` threads, then restores it.
-template <typename Body>
-void with_threads(int threads, Body body) {
-  const int before = at::get_num_threads();
-  at::set_num_threads(threads);
-  try {
-    body();
-  } catch (...) {
-    at::set_num_threads(before);
-    throw;
-  }
-  at::set_num_threads(before);
-}
 
 }  // namespace
 

@@ -75,14 +75,8 @@ std::vector<torch::Tensor> run(const torch::Tensor& q, const torch::Tensor& k,
   return r;
 }
 
-double worst(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double w = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].sizes() != b[i].sizes()) return std::numeric_limits<double>::infinity();
-    w = std::max(w, test::max_abs_diff(a[i].to(torch::kDouble), b[i].to(torch::kDouble)));
-  }
-  return w;
-}
+// The largest difference over the output and the gradients (infinite across shapes).
+using test::max_abs_diff;
 
 }  // namespace relative_bias_test
 
@@ -123,46 +117,45 @@ TEST_CASE("relative bias: the fused kernels equal Math on the dense bias, with e
   std::mt19937 rng(777);
   torch::manual_seed(777);
   auto pick = [&](std::vector<int64_t> values) { return values[rng() % values.size()]; };
-  const int before = at::get_num_threads();
   for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    for (int trial = 0; trial < 24; ++trial) {
-      const int64_t batch = pick({1, 2}), kv_heads = pick({1, 2}), group = pick({1, 3});
-      const int64_t heads = kv_heads * group;
-      const int64_t t_q = pick({1, 40, 130}), t_k = pick({1, 57, 130}), d = 16, dv = 8;
-      const int64_t max_distance = pick({0, 3, 50, 1000});
-      const auto dtype = trial % 4 == 3 ? torch::kFloat : torch::kDouble;
-      const auto opts = torch::TensorOptions().dtype(dtype);
-      const auto q = torch::randn({batch, heads, t_q, d}, opts);
-      const auto k = torch::randn({batch, kv_heads, t_k, d}, opts);
-      const auto v = torch::randn({batch, kv_heads, t_k, dv}, opts);
-      const auto table = torch::randn({2 * max_distance + 1, heads}, opts);
-      Options options;
-      options.block_size(pick({16, 32, 64}));
-      const int option = trial % 7;
-      if (option == 1) options.is_causal(true);
-      if (option == 2) options.is_causal(true).window_left(pick({0, 20}));
-      if (option == 3) options.softcap(3.0);
-      if (option == 4) options.alibi_slopes(F::alibi_slopes(heads).to(dtype));
-      if (option == 5) options.sinks(torch::randn({heads}, opts));
-      if (option == 6) options.attn_mask(torch::rand({batch, 1, 1, t_k}) < 0.2);
-      if (trial % 3 == 0) options.causal_alignment(F::CausalAlignment::TopLeft);
-      INFO("threads " << threads << ", trial " << trial << ": q " << q.sizes() << ", k "
-                      << k.sizes() << ", max_distance " << max_distance << ", option " << option);
-      const auto upstream = torch::randn({batch, heads, t_q, dv}, opts);
-      const auto expected = run(q, k, v, table, Options(options).backend(F::Backend::Math),
-                                upstream, true, max_distance);
-      const auto got = run(q, k, v, table, Options(options).backend(F::Backend::Chunked), upstream,
-                           false, max_distance);
-      CHECK(F::last_path() == F::Path::ChunkedFused);
-      CHECK(worst(got, expected) < (dtype == torch::kDouble ? 1e-10 : 1e-4));
-      // Math's own route expands the table itself.
-      CHECK(worst(run(q, k, v, table, Options(options).backend(F::Backend::Math), upstream, false,
-                      max_distance),
-                  expected) < 1e-10);
-    }
+    test::with_threads(threads, [&] {
+      for (int trial = 0; trial < 24; ++trial) {
+        const int64_t batch = pick({1, 2}), kv_heads = pick({1, 2}), group = pick({1, 3});
+        const int64_t heads = kv_heads * group;
+        const int64_t t_q = pick({1, 40, 130}), t_k = pick({1, 57, 130}), d = 16, dv = 8;
+        const int64_t max_distance = pick({0, 3, 50, 1000});
+        const auto dtype = trial % 4 == 3 ? torch::kFloat : torch::kDouble;
+        const auto opts = torch::TensorOptions().dtype(dtype);
+        const auto q = torch::randn({batch, heads, t_q, d}, opts);
+        const auto k = torch::randn({batch, kv_heads, t_k, d}, opts);
+        const auto v = torch::randn({batch, kv_heads, t_k, dv}, opts);
+        const auto table = torch::randn({2 * max_distance + 1, heads}, opts);
+        Options options;
+        options.block_size(pick({16, 32, 64}));
+        const int option = trial % 7;
+        if (option == 1) options.is_causal(true);
+        if (option == 2) options.is_causal(true).window_left(pick({0, 20}));
+        if (option == 3) options.softcap(3.0);
+        if (option == 4) options.alibi_slopes(F::alibi_slopes(heads).to(dtype));
+        if (option == 5) options.sinks(torch::randn({heads}, opts));
+        if (option == 6) options.attn_mask(torch::rand({batch, 1, 1, t_k}) < 0.2);
+        if (trial % 3 == 0) options.causal_alignment(F::CausalAlignment::TopLeft);
+        INFO("threads " << threads << ", trial " << trial << ": q " << q.sizes() << ", k "
+                        << k.sizes() << ", max_distance " << max_distance << ", option " << option);
+        const auto upstream = torch::randn({batch, heads, t_q, dv}, opts);
+        const auto expected = run(q, k, v, table, Options(options).backend(F::Backend::Math),
+                                  upstream, true, max_distance);
+        const auto got = run(q, k, v, table, Options(options).backend(F::Backend::Chunked),
+                             upstream, false, max_distance);
+        CHECK(F::last_path() == F::Path::ChunkedFused);
+        CHECK(max_abs_diff(got, expected) < (dtype == torch::kDouble ? 1e-10 : 1e-4));
+        // Math's own route expands the table itself.
+        CHECK(max_abs_diff(run(q, k, v, table, Options(options).backend(F::Backend::Math), upstream,
+                               false, max_distance),
+                           expected) < 1e-10);
+      }
+    });
   }
-  at::set_num_threads(before);
 }
 
 TEST_CASE("relative bias: under a block mask, in bfloat16 at T = 1100", "[relative_bias]") {
@@ -186,7 +179,7 @@ TEST_CASE("relative bias: under a block mask, in bfloat16 at T = 1100", "[relati
                          upstream, false, max_distance);
     // The table's gradient sums over up to T pairs a bucket: bfloat16's rounding of the
     // inputs' products shows most there.
-    CHECK(worst(got, truth) < (dtype == torch::kFloat ? 2e-3 : 0.5));
+    CHECK(max_abs_diff(got, truth) < (dtype == torch::kFloat ? 2e-3 : 0.5));
     CHECK(test::max_abs_diff(got[0].to(torch::kDouble), truth[0]) <
           (dtype == torch::kFloat ? 1e-4 : 0.05));
   }

@@ -334,11 +334,6 @@ struct SavedBlockMask : torch::CustomClassHolder {
   BlockMask mask;
 };
 
-// The bucket of each relative position that forward saved (empty without a relative bias).
-std::vector<int64_t> problem_relative_buckets(torch::autograd::AutogradContext* ctx) {
-  return ctx->saved_data["relative_buckets"].toIntVector();
-}
-
 // Saves the unscaled queries and the keys and values as given; the flattened, contiguous
 // (N, G, T, d) copies that the generic tiles need are made in backward only.
 class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
@@ -409,9 +404,10 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     p.mask = ctx->saved_data["mask"].toTensor();
     p.scale = ctx->saved_data["scale"].toDouble();
     if (ctx->saved_data["top_left"].toBool()) p.alignment = functional::CausalAlignment::TopLeft;
-    if (!problem_relative_buckets(ctx).empty()) {
+    // The bucket of each relative position (empty without a relative bias).
+    p.relative_buckets = ctx->saved_data["relative_buckets"].toIntVector();
+    if (!p.relative_buckets.empty()) {
       p.relative_bias = saved[6];
-      p.relative_buckets = problem_relative_buckets(ctx);
       p.relative_first = ctx->saved_data["relative_first"].toInt();
     }
     if (ctx->saved_data.find("block_mask") != ctx->saved_data.end()) {

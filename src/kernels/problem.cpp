@@ -159,6 +159,24 @@ std::vector<double> check_alibi(const torch::Tensor& slopes, int64_t heads, cons
   return values;
 }
 
+// The shape of a block mask's dense mask, (batch, heads, Tq, Tk), less the leading 1s that scores
+// of rank 2 or 3 do not have: a mask of higher rank than the scores would give the output its
+// rank.
+std::vector<int64_t> dense_shape(const BlockMask& blocks, size_t rank) {
+  std::vector<int64_t> shape{blocks.batch(), blocks.heads(), blocks.t_q(), blocks.t_k()};
+  while (shape.size() > rank && shape.front() == 1) shape.erase(shape.begin());
+  return shape;
+}
+
+// `mask` (undefined, bool or additive) hiding the keys `hidden` (bool) hides as well: a bool mask
+// is or'ed, an additive one gets -inf there (torch::where keeps its gradient elsewhere).
+torch::Tensor hiding(const torch::Tensor& mask, const torch::Tensor& hidden) {
+  if (!mask.defined()) return hidden;
+  if (mask.scalar_type() == at::kBool) return mask.logical_or(hidden);
+  return torch::where(
+      hidden, torch::full({}, -std::numeric_limits<double>::infinity(), mask.options()), mask);
+}
+
 void check_mask(const torch::Tensor& mask, const torch::Tensor& q, c10::IntArrayRef scores,
                 const char* caller) {
   TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool || mask.scalar_type() == q.scalar_type(), caller,
@@ -304,10 +322,8 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
     TORCH_CHECK_VALUE(blocks.t_q() == p.t_q && blocks.t_k() == p.t_k, caller,
                       ": expected a block_mask made for Tq = ", p.t_q, " queries and Tk = ", p.t_k,
                       " keys, got one made for ", blocks.t_q(), " and ", blocks.t_k());
-    // The dense mask's shape, less the leading 1s that scores of rank 2 or 3 do not have.
-    std::vector<int64_t> dense{blocks.batch(), blocks.heads(), p.t_q, p.t_k};
     const auto scores = p.score_sizes();
-    while (dense.size() > scores.size() && dense.front() == 1) dense.erase(dense.begin());
+    const auto dense = dense_shape(blocks, scores.size());
     TORCH_CHECK_VALUE(detail::broadcastable_to(dense, scores), caller,
                       ": expected a block_mask whose batch and heads broadcast to the scores ",
                       shape_str(p.score_sizes()), " as a dense mask ", shape_str(dense),
@@ -338,22 +354,10 @@ Problem with_dense_block_mask(const Problem& p) {
   if (!p.block_mask) return p;
   Problem dense = p;
   dense.block_mask = c10::nullopt;
-  // (batch, heads, Tq, Tk), less the leading 1s that scores of rank 2 or 3 do not have: a mask
-  // of higher rank than the scores would give the output its rank.
-  auto hidden = p.block_mask->to_attn_mask().to(p.device);
-  const size_t rank = p.score_sizes().size();
-  while (static_cast<size_t>(hidden.dim()) > rank && hidden.size(0) == 1) hidden = hidden[0];
-  if (!p.mask.defined()) {
-    dense.mask = hidden;
-    dense.mask_is_bool = true;
-  } else if (p.mask_is_bool) {
-    dense.mask = p.mask.logical_or(hidden);
-  } else {
-    // torch::where keeps the additive mask's gradient where the block mask shows the key.
-    dense.mask = torch::where(
-        hidden, torch::full({}, -std::numeric_limits<double>::infinity(), p.mask.options()),
-        p.mask);
-  }
+  const auto hidden = p.block_mask->to_attn_mask().to(p.device).view(
+      dense_shape(*p.block_mask, p.score_sizes().size()));
+  dense.mask = hiding(p.mask, hidden);
+  dense.mask_is_bool = !p.mask.defined() || p.mask_is_bool;
   return dense;
 }
 
@@ -372,14 +376,7 @@ Problem with_dense_relative_bias(const Problem& p) {
                   .view({p.t_q, p.t_k, p.heads})
                   .permute({2, 0, 1});
   if (p.lead.empty()) bias = bias[0];  // one head: the scores are (Tq, Tk)
-  if (!p.mask.defined()) {
-    dense.mask = bias;
-  } else if (p.mask_is_bool) {
-    dense.mask = torch::where(
-        p.mask, torch::full({}, -std::numeric_limits<double>::infinity(), bias.options()), bias);
-  } else {
-    dense.mask = p.mask + bias;
-  }
+  dense.mask = !p.mask.defined() ? bias : (p.mask_is_bool ? hiding(bias, p.mask) : p.mask + bias);
   dense.mask_is_bool = false;
   dense.mask_needs_grad = dense.mask.requires_grad() && c10::GradMode::is_enabled();
   return dense;
@@ -397,10 +394,9 @@ std::vector<int64_t> block_mask_rows(const Problem& p) {
   std::vector<int64_t> lead_ones = p.lead;
   lead_ones.push_back(1);
   lead_ones.push_back(1);
-  // The dense mask's shape, less the leading 1s that scores of lower rank do not have (the
-  // problem checked that it broadcasts).
-  std::vector<int64_t> shape{batch, heads, 1, 1};
-  while (shape.size() > lead_ones.size()) shape.erase(shape.begin());
+  // The dense mask's shape with one query and one key (the problem checked that it broadcasts).
+  auto shape = dense_shape(*p.block_mask, lead_ones.size());
+  shape.end()[-2] = shape.end()[-1] = 1;
   const auto rows =
       torch::arange(batch * heads, torch::kLong).view(shape).expand(lead_ones).contiguous();
   const int64_t* at = rows.data_ptr<int64_t>();

@@ -38,6 +38,26 @@ int64_t position_offset(int64_t t_q, int64_t t_k, CausalAlignment alignment) {
   return alignment == CausalAlignment::BottomRight ? t_k - t_q : 0;
 }
 
+// Where block `index` of the (batch, heads, q_blocks, kv_blocks) order lies.
+struct Place {
+  int64_t b, h, qb, kb;
+};
+
+Place place_of(int64_t index, int64_t heads, int64_t q_blocks, int64_t kv_blocks) {
+  const int64_t row = index / kv_blocks, head_row = row / q_blocks;
+  return {head_row / heads, head_row % heads, row % q_blocks, index % kv_blocks};
+}
+
+// What a mask function's failure at query q and key kv of a block is reported as.
+std::string function_threw(const char* caller, const Place& at, int64_t q, int64_t kv,
+                           const char* what) {
+  std::ostringstream message;
+  message << caller << ": the mask function threw at block (b=" << at.b << ", h=" << at.h
+          << ", query block " << at.qb << ", key block " << at.kb << "), query " << q << ", key "
+          << kv << ": " << what;
+  return message.str();
+}
+
 Block class_of(bool any_visible, bool any_hidden) {
   if (!any_hidden) return Block::Full;
   return any_visible ? Block::Partial : Block::Empty;
@@ -129,11 +149,9 @@ void BlockMask::keep_partial_pairs(const PairSource& source, const char* caller)
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t index = partial[static_cast<size_t>(k)];
-      const int64_t kb = index % kv_blocks_, qb = index / kv_blocks_ % q_blocks_;
-      const int64_t h = index / kv_blocks_ / q_blocks_ % heads_;
-      const int64_t b = index / kv_blocks_ / q_blocks_ / heads_;
+      const Place at = place_of(index, heads_, q_blocks_, kv_blocks_);
       try {
-        source(b, h, qb, kb, pairs.data() + k * per_block);
+        source(at.b, at.h, at.qb, at.kb, pairs.data() + k * per_block);
       } catch (const std::exception& e) {
         failure.record(index, e.what());
       }
@@ -146,9 +164,9 @@ void BlockMask::keep_partial_pairs(const PairSource& source, const char* caller)
   int64_t written = 0;
   for (int64_t k = 0; k < count; ++k) {
     const int64_t index = partial[static_cast<size_t>(k)];
-    const int64_t kb = index % kv_blocks_, qb = index / kv_blocks_ % q_blocks_;
-    const int64_t rows = std::min(t_q_ - qb * block_size_, pair_rows_);
-    const int64_t cols = std::min(t_k_ - kb * block_size_, pair_cols_);
+    const Place at = place_of(index, heads_, q_blocks_, kv_blocks_);
+    const int64_t rows = std::min(t_q_ - at.qb * block_size_, pair_rows_);
+    const int64_t cols = std::min(t_k_ - at.kb * block_size_, pair_cols_);
     const uint8_t* own = pairs.data() + k * per_block;
     int64_t seen = 0;
     for (int64_t r = 0; r < rows; ++r) {
@@ -184,11 +202,7 @@ BlockMask::PairSource BlockMask::function_pairs(const char* caller) const {
         for (kv = k0; kv < k1; ++kv) pairs[(q - q0) * ld + (kv - k0)] = visible(b, h, q, kv);
       }
     } catch (const std::exception& e) {
-      std::ostringstream what;
-      what << caller << ": the mask function threw at block (b=" << b << ", h=" << h
-           << ", query block " << qb << ", key block " << kb << "), query " << q << ", key " << kv
-           << ": " << e.what();
-      throw std::runtime_error(what.str());
+      throw std::runtime_error(function_threw(caller, {b, h, qb, kb}, q, kv, e.what()));
     }
   };
 }
@@ -222,26 +236,20 @@ BlockMask BlockMask::from_function(MaskFunction visible, int64_t batch, int64_t 
   FirstFailure failure;
   at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
-      const int64_t kb = index % mask.kv_blocks_, qb = index / mask.kv_blocks_ % mask.q_blocks_;
-      const int64_t h = index / mask.kv_blocks_ / mask.q_blocks_ % heads;
-      const int64_t b = index / mask.kv_blocks_ / mask.q_blocks_ / heads;
-      const int64_t q0 = qb * block_size, q1 = std::min(t_q, q0 + block_size);
-      const int64_t k0 = kb * block_size, k1 = std::min(t_k, k0 + block_size);
+      const Place at = place_of(index, heads, mask.q_blocks_, mask.kv_blocks_);
+      const int64_t q0 = at.qb * block_size, q1 = std::min(t_q, q0 + block_size);
+      const int64_t k0 = at.kb * block_size, k1 = std::min(t_k, k0 + block_size);
       bool any_visible = false, any_hidden = false;
       int64_t q = q0, kv = k0;
       try {
         for (q = q0; q < q1 && !(any_visible && any_hidden); ++q) {
           for (kv = k0; kv < k1; ++kv) {
-            (mask.visible_(b, h, q, kv) ? any_visible : any_hidden) = true;
+            (mask.visible_(at.b, at.h, q, kv) ? any_visible : any_hidden) = true;
             if (any_visible && any_hidden) break;
           }
         }
       } catch (const std::exception& e) {
-        std::ostringstream what;
-        what << kName << ": the mask function threw at block (b=" << b << ", h=" << h
-             << ", query block " << qb << ", key block " << kb << "), query " << q << ", key " << kv
-             << ": " << e.what();
-        failure.record(index, what.str());
+        failure.record(index, function_threw(kName, at, q, kv, e.what()));
         continue;
       }
       mask.storage_->blocks[static_cast<size_t>(index)] =
