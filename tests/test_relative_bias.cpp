@@ -110,6 +110,20 @@ TEST_CASE("relative bias: buckets against their definitions", "[relative_bias]")
   CHECK(causal.slice(0, 0, 300).max().item<int64_t>() == 31);  // r = -300
   CHECK(causal.slice(0, 0, 300).min().item<int64_t>() == 1);   // r = -1
   CHECK(causal.slice(0, 300, 601).abs().max().item<int64_t>() == 0);
+  // Positions at the int64 limits and 2^31 take the end buckets.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const auto far = torch::tensor(
+      {std::numeric_limits<int64_t>::min(), -(int64_t{1} << 31), int64_t{1} << 31, kMax},
+      torch::kLong);
+  CHECK(torch::equal(t5.bucket(far), torch::tensor({15, 15, 31, 31}, torch::kLong)));
+  CHECK(torch::equal(RelativeBuckets::t5(32, 128, false).bucket(far),
+                     torch::tensor({31, 31, 0, 0}, torch::kLong)));
+  CHECK(torch::equal(distance.bucket(far), torch::tensor({0, 0, 10, 10}, torch::kLong)));
+  const auto widest = RelativeBuckets::distance(int64_t{1} << 30);
+  CHECK(widest.num_buckets() == (int64_t{1} << 31) + 1);
+  CHECK(torch::equal(
+      widest.bucket(far),
+      torch::tensor({int64_t{0}, int64_t{0}, int64_t{1} << 31, int64_t{1} << 31}, torch::kLong)));
 }
 
 TEST_CASE("relative bias: the fused kernels equal Math on the dense bias, with every option",

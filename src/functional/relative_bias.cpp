@@ -50,8 +50,10 @@ RelativeBuckets RelativeBuckets::distance(int64_t max_distance) {
 }
 
 torch::Tensor RelativeBuckets::bucket(const torch::Tensor& relative) const {
-  const auto r = relative.to(torch::kLong);
-  if (kind == Kind::Distance) return r.clamp(-max_distance, max_distance) + max_distance;
+  // Every position beyond max_distance either way has the bucket of max_distance (T5's last one
+  // of its direction): clamped first, so that |INT64_MIN| never overflows.
+  const auto r = relative.to(torch::kLong).clamp(-max_distance, max_distance);
+  if (kind == Kind::Distance) return r + max_distance;
   // T5: the sign picks a half (bidirectional), or keys after the query share bucket 0.
   int64_t half = buckets;
   torch::Tensor base = torch::zeros_like(r), distance;
