@@ -443,6 +443,22 @@ def block_mask_cases(cases, add, mha):
     masked("blockmask_document_relative_bias_chunked_float32",
            mha(16, 32, 4, causal=False, context_length=1100, relative_bias=t5), [[1, 1100, 16]],
            documents, backend="chunked", path="chunked_fused")
+    # A score modification of the user's (forward["score_mod"], written once in the reference
+    # module and once in the C++ harness), with its derivative: alone with the module's
+    # causality, over a batch of two, and under the document mask.
+    add("blockmask_score_mod_wavy_chunked_float64", "MultiHeadAttention",
+        mha(8, 16, 4, num_kv_heads=2, context_length=1030), [[2, 1030, 8]], "float64",
+        forward=dict(score_mod="wavy", backend="chunked"), path="chunked_fused")
+    cases[-1]["seed"] = 4300 + len(names)
+    names.append(cases[-1]["name"])
+    masked("blockmask_score_mod_document_math_float32",
+           mha(16, 32, 4, causal=False, context_length=1100), [[1, 1100, 16]], documents,
+           backend="math", path="math")
+    cases[-1]["forward"]["score_mod"] = "wavy"
+    masked("blockmask_score_mod_document_chunked_bfloat16",
+           mha(16, 32, 4, causal=False, context_length=1100), [[1, 1100, 16]], documents,
+           "bfloat16", backend="chunked", path="chunked_fused", mode="inference")
+    cases[-1]["forward"]["score_mod"] = "wavy"
     return names
 
 
@@ -566,6 +582,7 @@ def run_mha(case, module, inputs, masks):
         return packed_mha(module, x, context, forward), None, \
             lambda: {n: p.grad for n, p in module.named_parameters()}
     attn_mask = module_attn_mask(case, x, context, attn_mask)
+    module.score_mod = forward.get("score_mod", "")
     output = module(x, context, padding, attn_mask)
     weights = None
     if need_weights:

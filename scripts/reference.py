@@ -231,6 +231,8 @@ class MultiHeadAttention(nn.Module):
                 torch.randn(relative_bias[0], num_heads) * 0.02)
         else:
             self.register_parameter("relative_attention_bias", None)
+        # A score modification by name (make_golden.py sets it per case): "" none, or "wavy".
+        self.score_mod: str = ""
         self.dropout = nn.Dropout(dropout)
         self.register_buffer(
             "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
@@ -256,7 +258,7 @@ class MultiHeadAttention(nn.Module):
         values = values.transpose(1, 2).repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
 
         attn_scores = queries @ keys.transpose(2, 3)
-        if self.variants:
+        if self.variants or self.score_mod != "":
             attn_weights = self.variant_weights(attn_scores, keys.shape[-1], key_padding_mask,
                                                 attn_mask)
             return self.dropout(attn_weights), values
@@ -287,6 +289,16 @@ class MultiHeadAttention(nn.Module):
             slopes = torch.tensor(self.alibi_slopes, dtype=torch.float64, device=scores.device)
             distance = (position - key).abs().to(torch.float64)
             scores = scores + (-slopes[:, None, None] * distance).to(scores.dtype)
+        if self.score_mod == "wavy":
+            # s (1 + 0.1 head + 0.2 batch) + 0.5 sin(s) cos(0.05 r), r = j - pos(i); autograd
+            # differentiates it.
+            wave = torch.cos((key - position).to(scores.dtype) * 0.05)
+            head = torch.arange(scores.shape[1], dtype=torch.float64,
+                                device=scores.device)[:, None, None]
+            batch = torch.arange(scores.shape[0], dtype=torch.float64,
+                                 device=scores.device)[:, None, None, None]
+            slope = (1 + 0.1 * head + 0.2 * batch).to(scores.dtype)
+            scores = scores * slope + torch.sin(scores) * wave * 0.5
         table = self.relative_attention_bias
         if table is not None:
             r = self.relative_buckets

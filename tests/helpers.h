@@ -49,6 +49,26 @@ void with_threads(int threads, Body body) {
   at::set_num_threads(before);
 }
 
+// The sizes of a random attention problem of the differential tests: batch 1 or 2, 1 or 2
+// key/value heads shared by 1 or 3 query heads, Tq and Tk from 1 to 130, head sizes 16 and 8.
+struct RandomSizes {
+  int64_t batch, kv_heads, heads, t_q, t_k, d = 16, dv = 8;
+};
+
+template <typename Rng>
+RandomSizes random_sizes(Rng& rng) {
+  const auto pick = [&](std::vector<int64_t> values) { return values[rng() % values.size()]; };
+  RandomSizes r{};
+  r.batch = pick({1, 2});
+  r.kv_heads = pick({1, 2});
+  r.heads = r.kv_heads * pick({1, 3});
+  r.t_q = pick({1, 40, 130});
+  r.t_k = pick({1, 57, 130});
+  r.d = 16;
+  r.dv = 8;
+  return r;
+}
+
 // Copies of a module's parameters, to check later that something left them as they were.
 inline std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;

@@ -10,6 +10,7 @@
 // portable loops.
 
 #include "kernels/cpu/softmax.h"
+#include "kernels/cpu/tile.h"
 #include "platform/cpu_features.h"
 
 #include <torch/torch.h>
@@ -232,4 +233,37 @@ TEST_CASE("cpu softmax: the route follows the processor and ATTENTION_CPU_VECTOR
   if (const cpu::SoftmaxPasses* taken = cpu::softmax_passes()) {
     CHECK(std::string(taken->name) == (taken == cpu::avx512_softmax_passes() ? "avx512" : "avx2"));
   }
+}
+
+TEST_CASE("cpu soft-capping: tanh within 3 ulp of tanh in double, with its edges and slopes",
+          "[chunked]") {
+  std::vector<float> x;
+  for (float v = -30.0f; v <= 30.0f; v += 0.00731f) x.push_back(v);
+  for (const float v :
+       {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, 1e-4f, 0.624999f, 0.625f, 0.625001f, 9.0f, 44.0f,
+        1e30f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    x.push_back(v);
+  }
+  const auto cols = static_cast<int64_t>(x.size());
+  std::vector<float> s(x), slope(x.size());
+  attention::kernels::cpu::soft_cap(s.data(), cols, 1, cols, 1.0f, slope.data());
+  double worst = 0;
+  for (size_t j = 0; j < x.size(); ++j) {
+    const double expected = std::tanh(static_cast<double>(x[j]));
+    INFO("x = " << x[j] << ": got " << s[j] << ", tanh " << expected);
+    if (std::isnan(x[j])) {
+      CHECK(std::isnan(s[j]));
+      continue;
+    }
+    CHECK(std::signbit(s[j]) == std::signbit(x[j]));
+    const float rounded = static_cast<float>(expected);
+    const double ulp = std::max(
+        static_cast<double>(std::nextafter(std::fabs(rounded), 1.0f / 0.0f)) - std::fabs(rounded),
+        static_cast<double>(std::numeric_limits<float>::denorm_min()));
+    worst = std::max(worst, std::fabs(s[j] - expected) / ulp);
+    CHECK(std::fabs(slope[j] - (1.0 - static_cast<double>(s[j]) * s[j])) < 1e-6);
+  }
+  CHECK(worst <= 3.0);
+  WARN("soft-capping's tanh: worst " << worst << " ulp");
 }

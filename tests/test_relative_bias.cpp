@@ -134,9 +134,7 @@ TEST_CASE("relative bias: the fused kernels equal Math on the dense bias, with e
   for (int threads : {1, 2}) {
     test::with_threads(threads, [&] {
       for (int trial = 0; trial < 24; ++trial) {
-        const int64_t batch = pick({1, 2}), kv_heads = pick({1, 2}), group = pick({1, 3});
-        const int64_t heads = kv_heads * group;
-        const int64_t t_q = pick({1, 40, 130}), t_k = pick({1, 57, 130}), d = 16, dv = 8;
+        const auto [batch, kv_heads, heads, t_q, t_k, d, dv] = test::random_sizes(rng);
         const int64_t max_distance = pick({0, 3, 50, 1000});
         const auto dtype = trial % 4 == 3 ? torch::kFloat : torch::kDouble;
         const auto opts = torch::TensorOptions().dtype(dtype);

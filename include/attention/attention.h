@@ -17,6 +17,7 @@
 #include <attention/paged_kv_cache.h>
 #include <attention/rotary.h>
 #include <attention/safetensors.h>
+#include <attention/score_mod.h>
 #include <attention/self_attention.h>
 #include <attention/sliding_kv_cache.h>
 #include <attention/version.h>

@@ -7,6 +7,7 @@
 #include <attention/causal_alignment.h>
 #include <attention/export.h>
 #include <attention/relative_bias.h>
+#include <attention/score_mod.h>
 #include <torch/arg.h>
 #include <torch/types.h>
 
@@ -106,6 +107,13 @@ struct ScaledDotProductAttentionOptions {
   TORCH_ARG(torch::Tensor, relative_bias) = {};
   /// The buckets that relative_bias is indexed by (T5's by default).
   TORCH_ARG(RelativeBuckets, relative_buckets) = RelativeBuckets::t5();
+  /// A score modification (ScoreMod): the user's function of a tile of scaled scores and of
+  /// where it lies, applied after soft-capping and ALiBi and before relative_bias and the masks,
+  /// with its derivative for training (a call that needs gradients is refused without one).
+  /// Math and the fused CPU kernels apply it (Math to each query matrix whole, the kernels to
+  /// each tile they compute); Native refuses it, and so does Chunked on other devices, where Auto
+  /// takes Math. Not for packed or paged calls. Unset: none.
+  TORCH_ARG(c10::optional<ScoreMod>, score_mod) = c10::nullopt;
   /// Logit soft-capping, as Gemma 2: the scaled scores s become softcap * tanh(s / softcap)
   /// before ALiBi and the masks are added. Unset: none; must be finite and > 0.
   TORCH_ARG(c10::optional<double>, softcap) = c10::nullopt;

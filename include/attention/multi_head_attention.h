@@ -114,6 +114,10 @@ struct MultiHeadAttentionForwardOptions {
   /// sliding_kv_cache, whose keys' positions move with the window. See
   /// ScaledDotProductAttentionOptions::block_mask.
   TORCH_ARG(c10::optional<BlockMask>, block_mask) = c10::nullopt;
+  /// A score modification (ScoreMod) of the scaled scores; its tiles index this call's queries and
+  /// its keys (after the cache's, with kv_cache). Needs a derivative when the module trains. Not
+  /// with sliding_kv_cache. See ScaledDotProductAttentionOptions::score_mod.
+  TORCH_ARG(c10::optional<ScoreMod>, score_mod) = c10::nullopt;
   /// Append this call's keys and values to the cache and attend to everything cached. Not owned.
   /// Either cache needs causal_alignment BottomRight when the alignment matters (causal, a
   /// sliding window or ALiBi); a forward that is refused leaves the cache as it was.

@@ -40,6 +40,9 @@ void check_supported(const kernels::Problem& p, Backend backend, const torch::Te
     TORCH_CHECK(!p.need_weights, p.caller,
                 ": the Native backend returns no attention weights; use Backend::Math (or Auto) "
                 "for them");
+    TORCH_CHECK(!p.score_mod, p.caller,
+                ": the Native backend cannot apply a score_mod; use Backend::Math, Chunked or "
+                "Auto");
     // LibTorch adds its masks to the scores, so a NaN score stays NaN where it is masked, and it
     // gives NaN where a query's scores are all -inf: both differ from the other backends.
     TORCH_CHECK(!p.beyond_native(), p.caller,
@@ -62,18 +65,24 @@ Backend choose(const kernels::Problem& p) {
 
 // Runs a validated problem on the backend it asks for (or Auto's choice). Only the fused CPU
 // kernels read a block mask by its blocks and a relative bias by relative position; every other
-// route takes them as masks (the relative bias, with its gradient, on Math).
+// route takes them as masks (the relative bias, with its gradient, on Math). A score_mod runs on
+// the fused CPU kernels and on Math only.
 AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
                     const torch::Tensor& key, const torch::Tensor& value) {
   const bool fused = kernels::fused_cpu_applies(query);
   const bool learned_bias = given.relative_bias.defined() && torch::GradMode::is_enabled() &&
                             given.relative_bias.requires_grad();
   Backend backend = given.backend == Backend::Auto ? choose(given) : given.backend;
-  if (given.backend == Backend::Auto && learned_bias && !fused) backend = Backend::Math;
+  if (given.backend == Backend::Auto && (learned_bias || given.score_mod) && !fused) {
+    backend = Backend::Math;
+  }
   const bool in_kernel = backend == Backend::Chunked && !given.degenerate() && fused;
   TORCH_CHECK(!(backend == Backend::Chunked && !in_kernel && learned_bias), given.caller,
               ": the Chunked backend differentiates relative_bias on the fused CPU kernels only "
               "(float, double or bfloat16 on the CPU); use Backend::Math (or Auto)");
+  TORCH_CHECK(!(backend == Backend::Chunked && !fused && given.score_mod), given.caller,
+              ": the Chunked backend applies a score_mod on the fused CPU kernels only (float, "
+              "double or bfloat16 on the CPU); use Backend::Math (or Auto)");
   kernels::Problem dense;
   const bool expand = !in_kernel && (given.block_mask || given.relative_bias.defined());
   if (expand) {
@@ -109,8 +118,8 @@ bool decodes_in_place(const kernels::Problem& p, const torch::Tensor& query,
   if (!fused || p.degenerate() || p.packed() || !kernels::paged_forward_applies(query)) {
     return false;
   }
-  if (p.mask.defined() || p.block_mask || p.relative_bias.defined() || p.dropout_p > 0.0 ||
-      p.need_weights || p.needs_grad) {
+  if (p.mask.defined() || p.block_mask || p.relative_bias.defined() || p.score_mod ||
+      p.dropout_p > 0.0 || p.need_weights || p.needs_grad) {
     return false;
   }
   // A prompt chunk goes to Chunked's tiles; one query per head, however many heads share a

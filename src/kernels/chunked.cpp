@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <limits>
 #include <memory>
+#include <string>
+#include <utility>
 
 namespace attention {
 namespace kernels {
@@ -334,6 +336,14 @@ struct SavedBlockMask : torch::CustomClassHolder {
   BlockMask mask;
 };
 
+// A score modification carried the same way, with the public function's name for its messages.
+struct SavedScoreModification : torch::CustomClassHolder {
+  SavedScoreModification(ScoreMod m, std::string name)
+      : mod(std::move(m)), caller(std::move(name)) {}
+  ScoreMod mod;
+  std::string caller;
+};
+
 // Saves the unscaled queries and the keys and values as given; the flattened, contiguous
 // (N, G, T, d) copies that the generic tiles need are made in backward only.
 class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
@@ -373,6 +383,10 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     if (problem.block_mask) {
       ctx->saved_data["block_mask"] =
           c10::IValue::make_capsule(c10::make_intrusive<SavedBlockMask>(*problem.block_mask));
+    }
+    if (problem.score_mod) {
+      ctx->saved_data["score_mod"] = c10::IValue::make_capsule(
+          c10::make_intrusive<SavedScoreModification>(*problem.score_mod, problem.caller));
     }
     if (problem.packed()) {
       ctx->saved_data["query_offsets"] = problem.sequences->query_offsets;
@@ -414,6 +428,13 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
       p.block_mask = c10::static_intrusive_pointer_cast<SavedBlockMask>(
                          ctx->saved_data["block_mask"].toCapsule())
                          ->mask;
+    }
+    c10::intrusive_ptr<SavedScoreModification> modification;
+    if (ctx->saved_data.find("score_mod") != ctx->saved_data.end()) {
+      modification = c10::static_intrusive_pointer_cast<SavedScoreModification>(
+          ctx->saved_data["score_mod"].toCapsule());
+      p.score_mod = modification->mod;
+      p.caller = modification->caller.c_str();
     }
     if (ctx->saved_data.find("query_offsets") != ctx->saved_data.end()) {
       p.sequences =

@@ -1,7 +1,12 @@
+#include "checks.h"
 #include "kernels/kernels.h"
+
+#include <torch/torch.h>
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 
 namespace attention {
 namespace kernels {
@@ -35,6 +40,66 @@ Tensor softmax_last_dim(const Tensor& scores) {
   return at::softmax(scores, -1);
 }
 
+// The score modification of each query matrix of `scores` (..., Tq, Tk), written over `out` (a
+// tensor of the same shape, contiguous): the function, or with `grad` its derivative.
+void each_matrix(const ScoreMod& mod, int64_t heads, int64_t query_offset, const char* caller,
+                 const Tensor& scores, const Tensor& out, const Tensor& grad = {}) {
+  const int64_t t_q = scores.size(-2), t_k = scores.size(-1);
+  const auto matrices = scores.reshape({-1, t_q, t_k});
+  const auto written = out.view({-1, t_q, t_k});
+  for (int64_t m = 0; m < matrices.size(0); ++m) {
+    const ScoreTile tile{m / heads, m % heads, 0, 0, query_offset};
+    if (grad.defined()) {
+      mod.apply_derivative(matrices[m], written[m], tile, caller);
+    } else {
+      mod.apply(written[m], tile, caller);
+    }
+  }
+}
+
+// What the autograd record of a score modification keeps for its backward.
+struct SavedScoreMod : torch::CustomClassHolder {
+  SavedScoreMod(ScoreMod m, int64_t h, int64_t offset, std::string name)
+      : mod(std::move(m)), heads(h), query_offset(offset), caller(std::move(name)) {}
+  ScoreMod mod;
+  int64_t heads, query_offset;
+  std::string caller;
+};
+
+// A score modification as an autograd function: its backward is the user's derivative.
+class ModifiedScores : public torch::autograd::Function<ModifiedScores> {
+ public:
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& scores,
+                        const Problem& p) {
+    Tensor out = scores.clone(at::MemoryFormat::Contiguous);
+    each_matrix(*p.score_mod, p.heads, p.query_offset, p.caller, scores, out);
+    ctx->save_for_backward({scores});
+    ctx->saved_data["score_mod"] = c10::IValue::make_capsule(
+        c10::make_intrusive<SavedScoreMod>(*p.score_mod, p.heads, p.query_offset, p.caller));
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved =
+        c10::static_intrusive_pointer_cast<SavedScoreMod>(ctx->saved_data["score_mod"].toCapsule());
+    const Tensor scores = ctx->get_saved_variables()[0];
+    Tensor grad = grads[0].clone(at::MemoryFormat::Contiguous);
+    each_matrix(saved->mod, saved->heads, saved->query_offset, saved->caller.c_str(), scores, grad,
+                grad);
+    return {grad, Tensor()};
+  }
+};
+
+// The scores after the problem's score modification; recorded by autograd when they need a
+// gradient (make_problem refused a modification without a derivative then).
+Tensor modified(const Problem& p, const Tensor& scores) {
+  if (detail::records_grad(scores)) return ModifiedScores::apply(scores, p);
+  Tensor out = scores.clone(at::MemoryFormat::Contiguous);
+  each_matrix(*p.score_mod, p.heads, p.query_offset, p.caller, scores, out);
+  return out;
+}
+
 }  // namespace
 
 functional::AttentionOutput math(const Problem& p, const Tensor& query, const Tensor& key,
@@ -47,9 +112,12 @@ functional::AttentionOutput math(const Problem& p, const Tensor& query, const Te
   scores = p.scale_is_default && p.d > 0 ? scores.div(std::sqrt(static_cast<double>(p.d)))
                                          : scores.mul(p.scale);
 
-  // Soft-capping and ALiBi change the scaled scores before any mask is added.
+  // Soft-capping, ALiBi and a score modification change the scaled scores before any mask is
+  // added.
   if (p.softcap > 0.0) scores = scores.div(p.softcap).tanh().mul(p.softcap);
   if (!p.alibi.empty()) scores = scores + alibi_bias(p, scores.options());
+  // The user's score modification last, so that no mask reaches it.
+  if (p.score_mod) scores = modified(p, scores);
 
   // The additive mask first, then the hidden keys: a hidden key stays hidden whatever the float
   // mask holds there (NaN, +inf), as in the blockwise backends, which never read it.

@@ -331,6 +331,13 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
     p.block_mask = blocks;
   }
   p.needs_grad = p.mask_needs_grad || records_grad;
+  if (options.score_mod()) {
+    TORCH_CHECK_VALUE(options.score_mod()->differentiable() || !p.needs_grad, caller,
+                      ": the score_mod has no derivative, and this call needs gradients (an input "
+                      "requires grad under grad mode): give the ScoreMod a derivative, or call "
+                      "under torch::NoGradGuard");
+    p.score_mod = options.score_mod();
+  }
   return p;
 }
 
@@ -339,6 +346,8 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
 // a sequence's positions start.
 void refuse_block_mask(const functional::ScaledDotProductAttentionOptions& options,
                        const char* caller) {
+  TORCH_CHECK_VALUE(!options.score_mod(), caller,
+                    ": takes no score_mod; use scaled_dot_product_attention per sequence for one");
   TORCH_CHECK_VALUE(!options.relative_bias().defined(), caller,
                     ": takes no relative_bias; use scaled_dot_product_attention per sequence for "
                     "one");

@@ -88,6 +88,10 @@ struct Problem {
   /// the leading dims; unset = none. Only the fused CPU kernels read it as blocks: every other
   /// route is handed with_dense_block_mask(), where it is part of `mask`.
   c10::optional<BlockMask> block_mask;
+  /// The score modification (options.score_mod), applied after ALiBi and before the relative
+  /// bias and the masks; unset = none. Math calls it on each query matrix, the fused CPU kernels
+  /// on each tile (cpu::modify_scores).
+  c10::optional<ScoreMod> score_mod;
   /// Autograd records this call: a gradient is wanted for q, k, v or the mask.
   bool needs_grad = false;
   double scale = 1.0;
@@ -120,9 +124,9 @@ struct Problem {
   /// j < i + left_diagonal().
   bool bounded_left() const { return window_left >= 0; }
   int64_t left_diagonal() const { return query_offset - window_left; }
-  /// The scores are changed before masking (soft-capping or ALiBi).
-  bool transforms_scores() const { return softcap > 0.0 || !alibi.empty(); }
-  /// What LibTorch's own kernel cannot compute: soft-capping, ALiBi, sinks.
+  /// The scores are changed before masking (soft-capping, ALiBi or a score modification).
+  bool transforms_scores() const { return softcap > 0.0 || !alibi.empty() || score_mod; }
+  /// What LibTorch's own kernel cannot compute: soft-capping, ALiBi, a score modification, sinks.
   bool beyond_native() const { return transforms_scores() || sinks.defined(); }
 
   /// Nothing for a blockwise kernel to do: no query, key or head, or no query or value features

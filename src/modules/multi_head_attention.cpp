@@ -236,6 +236,9 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                       ": expected attn_mask broadcastable to ", shape_str(scores), ", got ",
                       shape_str(attn_mask.sizes()));
   }
+  TORCH_CHECK_VALUE(!(forward_options.score_mod() && sliding), kMultiHeadAttentionName,
+                    ": takes no score_mod with a sliding_kv_cache (its keys' positions move with "
+                    "the window)");
   const auto& blocks = forward_options.block_mask();
   if (blocks) {
     TORCH_CHECK_VALUE(!sliding, kMultiHeadAttentionName,
@@ -258,6 +261,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
           functional::ScaledDotProductAttentionOptions()
               .attn_mask(combine_masks(attn_mask, padding.defined() ? batched(padding) : padding))
               .block_mask(blocks)
+              .score_mod(forward_options.score_mod())
               .is_causal(options.causal())
               .dropout_p(is_training() ? options.dropout() : 0.0)
               .need_weights(forward_options.need_weights())

@@ -517,6 +517,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     relative_dense = rank >= 3 ? dense : dense[0];
     block_text << "\nrelative bias (max_distance " << max_distance << ") " << table;
   }
+  // A score modification adding c times the relative position j - pos(i), from the tile's
+  // indices (its dense bias for the reference written out here from the definition).
+  torch::Tensor modified_dense;
+  if (in.below(3) == 1) {
+    const double c = std::vector<double>{0.01, -0.3, 1.5}[in.below(3)];
+    options.score_mod(
+        attention::ScoreMod([c](const torch::Tensor& s, const attention::ScoreTile& t) {
+          const int64_t first = t.query_begin + t.query_offset;
+          const auto relative =
+              torch::arange(t.key_begin, t.key_begin + s.size(1), torch::kDouble).view({1, -1}) -
+              torch::arange(first, first + s.size(0), torch::kDouble).view({-1, 1});
+          return s.add_(relative.mul(c).to(s.scalar_type()));
+        }));
+    const int64_t offset =
+        options.causal_alignment() == F::CausalAlignment::TopLeft ? 0 : t_k - t_q;
+    modified_dense = (torch::arange(t_k, torch::kDouble).view({1, -1}) -
+                      torch::arange(t_q, torch::kDouble).view({-1, 1}) - offset) *
+                     c;
+    block_text << "\nscore_mod adding " << c << " x relative position";
+  }
 
   std::ostringstream case_text;
   case_text << "query " << q.sizes() << " key " << k.sizes() << " value " << v.sizes() << " dtype "
@@ -533,17 +553,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       .window_left({})
       .window_right({})
       .block_mask(c10::nullopt)
-      .relative_bias({});
+      .relative_bias({})
+      .score_mod(c10::nullopt);
   if (reference.attn_mask().defined() && reference.attn_mask().is_floating_point()) {
     reference.attn_mask(reference.attn_mask().to(torch::kDouble));
   }
-  if (relative_dense.defined()) {
+  // The dense biases join the reference's mask: added to a float one, -inf where a bool one hides.
+  for (const auto& bias : {relative_dense, modified_dense}) {
+    if (!bias.defined()) continue;
     const auto& mask = reference.attn_mask();
-    reference.attn_mask(
-        !mask.defined() ? relative_dense
-        : mask.is_floating_point()
-            ? mask + relative_dense
-            : torch::where(mask, torch::full({}, -INFINITY, torch::kDouble), relative_dense));
+    reference.attn_mask(!mask.defined() ? bias
+                        : mask.is_floating_point()
+                            ? mask + bias
+                            : torch::where(mask, torch::full({}, -INFINITY, torch::kDouble), bias));
   }
   for (const auto& hidden : {hidden_by_position(options, t_q, t_k), block_hidden}) {
     if (!hidden.defined()) continue;

@@ -60,6 +60,36 @@ std::vector<Case> read_manifest(const std::string& dir) {
 
 namespace {
 
+// The relative position of each pair of a score tile: key j minus the position of query i.
+torch::Tensor relative_positions(const torch::Tensor& s, const attention::ScoreTile& t) {
+  const auto options = torch::TensorOptions().dtype(torch::kLong);
+  const auto queries = torch::arange(t.query_begin, t.query_begin + s.size(0), options);
+  const auto keys = torch::arange(t.key_begin, t.key_begin + s.size(1), options);
+  return keys.view({1, -1}) - (queries + t.query_offset).view({-1, 1});
+}
+
+}  // namespace
+
+attention::ScoreMod score_mod_of(const std::string& name) {
+  using attention::ScoreTile;
+  TORCH_CHECK(name == "wavy", "golden: unknown score_mod ", name);
+  const auto slope = [](const ScoreTile& t) {
+    return 1 + 0.1 * static_cast<double>(t.head) + 0.2 * static_cast<double>(t.batch);
+  };
+  const auto wave = [](const torch::Tensor& s, const ScoreTile& t) {
+    return relative_positions(s, t).to(s.scalar_type()).mul(0.05).cos();
+  };
+  return attention::ScoreMod(
+      [wave, slope](const torch::Tensor& s, const ScoreTile& t) {
+        return s * slope(t) + s.sin() * wave(s, t) * 0.5;
+      },
+      [wave, slope](const torch::Tensor& s, const torch::Tensor& g, const ScoreTile& t) {
+        return g * (s.cos() * wave(s, t) * 0.5 + slope(t));
+      });
+}
+
+namespace {
+
 using Output = attention::functional::AttentionOutput;
 
 // A case's block mask (forward["block_mask"]) over T tokens, made as an application would: the
@@ -260,6 +290,7 @@ Module make_multi_head_attention(const Case& c) {
       const auto& x = in.at("x");
       options.block_mask(block_mask_of(f.at("block_mask"), x.size(-2)));
     }
+    if (f.contains("score_mod")) options.score_mod(score_mod_of(f.at("score_mod")));
     for (const auto& [name, tensor] : in) {
       if (name == "context") options.context(tensor);
       if (name == "key_padding_mask") options.key_padding_mask(tensor);

@@ -71,6 +71,11 @@ struct Comparison {
 /// The name of a path as the manifest writes it.
 std::string path_name(attention::functional::Path path);
 
+/// A case's score modification (forward["score_mod"]) by name, as make_golden.py's reference
+/// module writes it. "wavy": s (1 + 0.1 head + 0.2 batch) + 0.5 sin(s) cos(0.05 r), r
+/// the relative position j - pos(i) of the key; with its derivative. Throws for other names.
+attention::ScoreMod score_mod_of(const std::string& name);
+
 /// With the parity kit's check_parity() (the case's tensors under the kit's names), runs forward
 /// (and, for a training case, backward) of `m` on the case's inputs and compares the
 /// output, the attention weights when the case has them, and the gradient of every floating input

@@ -22,7 +22,8 @@
 //           block-attention:T  (16 causal documents in T, and prefix-LM over T/2, through a
 //                               block mask, against full causal attention scaled by the blocks
 //                               visited, and against a dense bool mask; causal attention over T/2
-//                               with and without a learned T5 relative position bias)
+//                               with and without a learned T5 relative position bias, and
+//                               soft-capping as a ScoreMod against the softcap option)
 
 #include <attention/attention.h>
 
@@ -761,6 +762,34 @@ void bench_block_attention(int64_t t) {
           fmt::format("block-attention relative bias T={} {}: with T5's bias {:.1f} ms, "
                       "without {:.1f} ms: {:.2f}x",
                       t_prefix, pass, biased_ms, plain_ms, biased_ms / plain_ms));
+    }
+  }
+  // A score modification of the user's, called once per tile with LibTorch's ops on it:
+  // soft-capping written as a ScoreMod (with its derivative) against the softcap option's own loop.
+  {
+    const double cap = 20.0;
+    const attention::ScoreMod capped(
+        [cap](const torch::Tensor& s, const attention::ScoreTile&) {
+          return s.div_(cap).tanh_().mul_(cap);
+        },
+        [cap](const torch::Tensor& s, const torch::Tensor& g, const attention::ScoreTile&) {
+          return g.mul_(1 - s.div(cap).tanh_().square_());
+        });
+    const auto causal = F::ScaledDotProductAttentionOptions(chunked).is_causal(true);
+    for (const bool train : {false, true}) {
+      const std::string pass = train ? "forward+backward" : "forward";
+      progress(fmt::format("block-attention score_mod T={} {}", t_prefix, pass));
+      const double option_ms =
+          time_call(t_prefix, F::ScaledDotProductAttentionOptions(causal).softcap(cap), train);
+      const double mod_ms =
+          time_call(t_prefix, F::ScaledDotProductAttentionOptions(causal).score_mod(capped), train);
+      record("block-attention", "cpp.core.chunked.causal.softcap", pass, t_prefix, option_ms, 0);
+      record("block-attention", "cpp.core.chunked.causal.score_mod_softcap", pass, t_prefix, mod_ms,
+             0);
+      progress(
+          fmt::format("block-attention score_mod T={} {}: soft-capping as a ScoreMod "
+                      "{:.1f} ms, as the softcap option {:.1f} ms: {:.2f}x",
+                      t_prefix, pass, mod_ms, option_ms, mod_ms / option_ms));
     }
   }
   for (const auto& c : cases) {

@@ -210,14 +210,16 @@ class Backward {
 
   // One thread's tiles, from memory kept between calls: scores, probabilities, the gradient of
   // the probabilities (then of the scores), with soft-capping the cap's slope, the key block's
-  // keys (scaled) and values transposed, and a product before it is added to a gradient.
+  // with a score modification the scores it was applied to, the key block's keys (scaled) and
+  // values transposed, and a product before it is added to a gradient.
   struct TileBuffers {
     cpu::TileLease lease;
-    T *s, *prob, *dp, *cap_slope, *keys_t, *values_t, *product;
+    T *s, *prob, *dp, *cap_slope, *score_in, *keys_t, *values_t, *product;
     // With a relative bias: the gradient of its bias by relative position from these tiles.
     std::vector<T> relative_grad;
     explicit TileBuffers(const Problem& p)
-        : lease((p.softcap > 0.0 ? 4 : 3) * cpu::TileLease::tile_bytes<T>(p.block * p.block) +
+        : lease((3 + (p.softcap > 0.0) + static_cast<bool>(p.score_mod)) *
+                    cpu::TileLease::tile_bytes<T>(p.block * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.d * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.dv * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * std::max(p.d, p.dv))),
@@ -225,6 +227,7 @@ class Backward {
           prob(lease.take<T>(p.block * p.block)),
           dp(lease.take<T>(p.block * p.block)),
           cap_slope(p.softcap > 0.0 ? lease.take<T>(p.block * p.block) : nullptr),
+          score_in(p.score_mod ? lease.take<T>(p.block * p.block) : nullptr),
           keys_t(lease.take<T>(p.d * p.block)),
           values_t(lease.take<T>(p.dv * p.block)),
           product(lease.take<T>(p.block * std::max(p.d, p.dv))),
@@ -302,7 +305,7 @@ class Backward {
     cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q, q_.row_stride, w.keys_t + first, p_.block, 0,
                  s, cols);
     cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope,
-                           relative_.defined() ? relative_.data_ptr<T>() : nullptr);
+                           relative_.defined() ? relative_.data_ptr<T>() : nullptr, w.score_in);
     if (partial) blocks_.hide(h, i0, rows, j0, cols, s, cols);
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * row_ld_ + i0);
@@ -310,15 +313,18 @@ class Backward {
                  dv_.row_stride, w.product);
     cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, go, go_.row_stride, w.values_t + first,
                  p_.block, 0, dp, cols);
-    // With a relative bias the gradient of the scores themselves is wanted first: the scale is
-    // applied after it is added to the bias's gradient by relative position.
-    const bool relative = relative_.defined();
+    // With a relative bias or a score modification the gradient of the scores themselves is
+    // wanted first: the scale is applied after the bias's gradient by relative position has
+    // taken it, and after the modification's derivative.
+    const bool relative = relative_.defined(), modified = p_.score_mod.has_value();
     dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * row_ld_ + i0,
-                             relative ? T(1) : scale);
+                             relative || modified ? T(1) : scale);
     if (relative) {
       T* grad = w.relative_grad.data() + (h % p_.heads) * (p_.t_q + p_.t_k - 1) - p_.relative_first;
-      cpu::accumulate_relative_bias(dp, cols, grad + j0 - (i0 + p_.query_offset), rows, scale);
+      cpu::accumulate_relative_bias(dp, cols, grad + j0 - (i0 + p_.query_offset), rows,
+                                    modified ? T(1) : scale);
     }
+    if (modified) cpu::modify_gradients(p_, h, i0, rows, j0, cols, w.score_in, s, dp, scale);
     if (cap_slope) {  // through softcap * tanh(s / softcap)
       for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
     }

@@ -3,6 +3,7 @@
 #include "memory/empty_large.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace attention {
 namespace kernels {
@@ -62,6 +63,45 @@ ATTENTION_ALWAYS_INLINE void accumulate_rows(T* g, int64_t cols, T* at, int64_t 
   }
 }
 
+// tanh in float with arithmetic and selects only, so that the loop over a row vectorizes: an odd
+// polynomial below |x| = 0.625 (Cephes' tanhf coefficients; there 1 - e would cancel), and
+// (1 - e) / (1 + e) with e = exp(-2|x|) above, each of |x|, and the sign put back. NaN stays NaN;
+// +-inf give +-1.
+ATTENTION_ALWAYS_INLINE float fast_tanh(float x) {
+  const float a = std::fabs(x), z = x * x;
+  const float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
+                        1.33314422036e-1f) *
+                           z -
+                       3.33332819422e-1f) *
+                          z * a +
+                      a;
+  const float e = exp_nonpositive(-2.0f * a);
+  const float t = std::copysign(a < 0.625f ? small : (1.0f - e) / (1.0f + e), x);
+  return x != x ? x : t;
+}
+
+// Soft-capping of a tile: rows of s (row stride ld) become cap * tanh(s / cap), the slopes
+// 1 - tanh^2 written to `slope` (row stride cols) when given.
+ATTENTION_MULTIVERSION void soft_cap_f32(float* s, int64_t ld, int64_t rows, int64_t cols,
+                                         float cap, float* slope) {
+  const float inverse = 1.0f / cap;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    if (slope) {
+      float* out = slope + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        const float t = fast_tanh(row[j] * inverse);
+        row[j] = cap * t;
+        out[j] = 1.0f - t * t;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) row[j] = cap * fast_tanh(row[j] * inverse);
+    }
+  }
+}
+
 ATTENTION_MULTIVERSION void add_rows_f32(float* s, int64_t ld, const float* at, int64_t rows,
                                          int64_t cols) {
   add_rows(s, ld, at, rows, cols);
@@ -73,6 +113,22 @@ ATTENTION_MULTIVERSION void accumulate_rows_f32(float* g, int64_t cols, float* a
 }
 
 }  // namespace
+
+void soft_cap(float* s, int64_t ld, int64_t rows, int64_t cols, float cap, float* slope) {
+  soft_cap_f32(s, ld, rows, cols, cap, slope);
+}
+
+void soft_cap(double* s, int64_t ld, int64_t rows, int64_t cols, double cap, double* slope) {
+  const double inverse = 1.0 / cap;
+  for (int64_t r = 0; r < rows; ++r) {
+    double* row = s + r * ld;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double t = std::tanh(row[j] * inverse);
+      row[j] = cap * t;
+      if (slope) slope[r * cols + j] = 1.0 - t * t;
+    }
+  }
+}
 
 void add_relative_bias(float* s, int64_t ld, const float* at, int64_t rows, int64_t cols) {
   add_rows_f32(s, ld, at, rows, cols);

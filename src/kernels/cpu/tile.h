@@ -99,6 +99,12 @@ void apply_mask(const torch::Tensor& mask, int64_t offset, int64_t i0, int64_t j
   }
 }
 
+/// Soft-capping on a tile of scores `s` (row stride ld): cap * tanh(s / cap), with the slopes
+/// 1 - tanh^2 written to `slope` (row stride cols) when given. Built per instruction set, with a
+/// tanh the compiler vectorizes (float; within a few ulp of std::tanh); double calls std::tanh.
+void soft_cap(float* s, int64_t ld, int64_t rows, int64_t cols, float cap, float* slope);
+void soft_cap(double* s, int64_t ld, int64_t rows, int64_t cols, double cap, double* slope);
+
 /// The relative position bias on a tile of scores `s` (row stride ld): row r gains the bias by
 /// relative position from `at - r` on (the next query is one position further from each key).
 /// Built per instruction set (ATTENTION_MULTIVERSION): the kernels' own files are compiled for
@@ -110,6 +116,38 @@ void add_relative_bias(double* s, int64_t ld, const double* at, int64_t rows, in
 /// bias's gradient by relative position from `at - r` on, then scaled by `scale`.
 void accumulate_relative_bias(float* g, int64_t cols, float* at, int64_t rows, float scale);
 void accumulate_relative_bias(double* g, int64_t cols, double* at, int64_t rows, double scale);
+
+/// Where the tile of query matrix m, queries from i0 and keys from j0, lies for a score_mod.
+inline ScoreTile score_tile(const Problem& p, int64_t m, int64_t i0, int64_t j0) {
+  return {m / p.heads, m % p.heads, i0, j0, p.query_offset};
+}
+
+/// The problem's score modification on a tile of scores `s` (row stride ld) of query matrix m,
+/// queries [i0, i0 + rows) and keys [j0, j0 + cols), in place. With `saved`, the scores are first
+/// copied there (row stride cols) for the derivative.
+template <typename T>
+void modify_scores(const Problem& p, int64_t m, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                   T* s, int64_t ld, T* saved) {
+  if (saved) {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(s + r * ld, cols, saved + r * cols);
+  }
+  const auto scores = torch::from_blob(s, {rows, cols}, {ld, 1}, torch::dtype<T>());
+  p.score_mod->apply(scores, score_tile(p, m, i0, j0), p.caller);
+}
+
+/// The backward's counterpart on a tile of rows x cols (row stride cols): `grad`, the gradient of
+/// the modified scores, becomes that of the scores `saved` it was applied to, times `scale`, and
+/// 0 where `s` (the tile's masked scores) is -inf, whatever the derivative says of hidden pairs.
+template <typename T>
+void modify_gradients(const Problem& p, int64_t m, int64_t i0, int64_t rows, int64_t j0,
+                      int64_t cols, T* saved, const T* s, T* grad, T scale) {
+  const auto options = torch::dtype<T>();
+  p.score_mod->apply_derivative(torch::from_blob(saved, {rows, cols}, options),
+                                torch::from_blob(grad, {rows, cols}, options),
+                                score_tile(p, m, i0, j0), p.caller);
+  constexpr T kHidden = -std::numeric_limits<T>::infinity();
+  for (int64_t e = 0; e < rows * cols; ++e) grad[e] = s[e] == kHidden ? T(0) : grad[e] * scale;
+}
 
 /// A block mask as the fused kernels read it (Problem::block_mask): the class of a tile, whose
 /// blocks need not be the mask's (a tile's class combines those of the mask blocks under it),
@@ -178,25 +216,16 @@ class MaskBlocks {
 /// What comes between the product of queries and keys and the softmax, on a tile of scaled
 /// scores `s` (row stride ld) of query matrix h, queries [i0, i0 + rows), keys [j0, j0 + cols):
 /// soft-capping (writing its derivative 1 - tanh^2 to `cap_slope`, row stride cols, when given),
-/// ALiBi, the relative position bias (`relative`: relative_bias_by_position's (H, Tq + Tk - 1)
+/// ALiBi, the score modification (first copying the scores to `score_in`, row stride cols, when
+/// given), the relative position bias (`relative`: relative_bias_by_position's (H, Tq + Tk - 1)
 /// rows, or nullptr), the user's mask (its matrices at `mask_at`), and -inf for keys left of the
 /// window.
 /// Keys right of the causal diagonal or the window are the caller's: it never reads them.
 template <typename T>
 void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64_t h, int64_t i0,
                     int64_t rows, int64_t j0, int64_t cols, T* s, int64_t ld, T* cap_slope,
-                    const T* relative = nullptr) {
-  if (p.softcap > 0.0) {
-    const T cap = static_cast<T>(p.softcap), inverse = T(1) / cap;
-    for (int64_t r = 0; r < rows; ++r) {
-      T* row = s + r * ld;
-      for (int64_t j = 0; j < cols; ++j) {
-        const T t = std::tanh(row[j] * inverse);
-        row[j] = cap * t;
-        if (cap_slope) cap_slope[r * cols + j] = T(1) - t * t;
-      }
-    }
-  }
+                    const T* relative = nullptr, T* score_in = nullptr) {
+  if (p.softcap > 0.0) soft_cap(s, ld, rows, cols, static_cast<T>(p.softcap), cap_slope);
   if (!p.alibi.empty()) {
     const T slope = static_cast<T>(p.alibi[h % p.heads]);
     for (int64_t r = 0; r < rows; ++r) {
@@ -209,6 +238,7 @@ void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64
       }
     }
   }
+  if (p.score_mod) modify_scores(p, h, i0, rows, j0, cols, s, ld, score_in);
   if (relative) {
     // Row h of the bias by relative position, indexed by j - pos(i) - relative_first.
     const T* bias = relative + (h % p.heads) * (p.t_q + p.t_k - 1) - p.relative_first;
