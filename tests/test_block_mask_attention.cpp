@@ -323,18 +323,16 @@ TEST_CASE("block mask attention: bad input is refused by name", "[block_mask][ba
       F::scaled_dot_product_attention(
           q2, k2, k2, Options().block_mask(BlockMask::from_function(all, 2, 1, 10, 12))),
       c10::ValueError, "to the scores (10, 12) as a dense mask (2, 1, 10, 12)");
-  // Packed and paged calls place sequences by offsets: refused.
-  const auto packed = torch::randn({10, 2, 8});
-  const auto offsets = torch::tensor({0, 4, 10}, torch::kLong);
-  CHECK_THROWS_C10(F::varlen_attention(packed, packed, packed, offsets, offsets,
-                                       Options().block_mask(BlockMask::causal(10, 10))),
-                   c10::ValueError,
-                   "attention::functional::varlen_attention: takes no block_mask (each query sees "
-                   "the keys of its own sequence");
+  // Packed and paged calls: made for at least the longest sequence (test_packed_visibility.cpp
+  // has the rest).
+  const auto packed = torch::randn({2, 2, 8});
   const auto pages = torch::randn({2, 2, 8, 8});
-  CHECK_THROWS_C10(F::paged_attention(
-                       packed.narrow(0, 0, 2), pages, pages, torch::tensor({0, 1, 2}, torch::kLong),
-                       torch::tensor({3, 5}, torch::kLong), torch::tensor({{0}, {1}}, torch::kLong),
-                       Options().block_mask(BlockMask::causal(2, 8))),
-                   c10::ValueError, "attention::functional::paged_attention: takes no block_mask");
+  CHECK_THROWS_C10(F::paged_attention(packed, pages, pages, torch::tensor({0, 1, 2}, torch::kLong),
+                                      torch::tensor({3, 5}, torch::kLong),
+                                      torch::tensor({{0}, {1}}, torch::kLong),
+                                      Options().block_mask(BlockMask::causal(1, 4))),
+                   c10::ValueError,
+                   "attention::functional::paged_attention: expected a block_mask made for at "
+                   "least the longest sequence's 1 queries and 5 keys (each sequence reads its "
+                   "top-left corner), got one made for 1 and 4");
 }

@@ -1,12 +1,14 @@
 // Attention over the pages of a cache: functional::paged_attention against each sequence alone
 // (scaled_dot_product_attention on Math), for mixed batches of prefilling and decoding sequences,
-// with the keys split across threads or not; MultiHeadAttention::forward_paged against forward()
-// on each sequence alone.
+// with the keys split across threads or not, with a block mask, a relative bias and a score_mod
+// per sequence; MultiHeadAttention::forward_paged against forward() on each sequence alone.
 
+#include <attention/block_mask.h>
 #include <attention/functional.h>
 #include <attention/multi_head_attention.h>
 #include <attention/paged_attention.h>
 #include <attention/paged_kv_cache.h>
+#include <attention/score_mod.h>
 
 #include "helpers.h"
 #include "kernels/paged.h"
@@ -156,6 +158,74 @@ TEST_CASE("paged_attention: every option holds per sequence", "[paged]") {
     }
     INFO(name << ", Math");
     CHECK(test::max_abs_diff(paged(c, O(options).backend(F::Backend::Math)), expected) < 1e-10);
+  }
+}
+
+TEST_CASE("paged_attention: a tree of draft tokens over each prefix, a relative bias, a score_mod",
+          "[paged][block_mask][relative_bias][score_mod]") {
+  torch::NoGradGuard no_grad;
+  // Each sequence verifies its draft tokens (the last Tq of its keys): every one sees the cached
+  // prefix and the drafts on its own branch of the tree (j's draft index shares i's parity, and
+  // is no later).
+  const std::vector<int64_t> t_q = {3, 1, 5}, t_k = {40, 17, 25};
+  const auto tree = [](int64_t queries, int64_t keys, int64_t i, int64_t j) {
+    const int64_t draft = j - (keys - queries);
+    return draft < 0 || (draft <= i && (i - draft) % 2 == 0);
+  };
+  const auto mask = attention::BlockMask::from_function(
+      [&](int64_t s, int64_t, int64_t i, int64_t j) { return tree(t_q[s], t_k[s], i, j); }, 3, 1, 5,
+      40, 8);
+  // Scores scaled by head and sequence: a tile's batch is its sequence (or `fixed`, for the
+  // sequence alone).
+  const auto scaled = [](int64_t fixed) {
+    return attention::ScoreMod([fixed](const torch::Tensor& x, const attention::ScoreTile& t) {
+      return x.mul(1 + 0.1 * static_cast<double>(t.head) +
+                   0.2 * static_cast<double>(fixed >= 0 ? fixed : t.batch));
+    });
+  };
+  // Items of a few rows (one row at a time), and of 16 query heads per key/value head (matrix
+  // products).
+  for (const auto& [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{4, 2}, {16, 1}}) {
+    INFO("heads " << heads << ", kv_heads " << kv_heads);
+    const auto c = make_paged_case(t_q, t_k, heads, kv_heads, 16, 8, torch::kDouble, 13);
+    const auto table = torch::randn({16, heads}, torch::kDouble);
+    const auto base =
+        O().relative_bias(table).relative_buckets(F::RelativeBuckets::t5(16, 32, false));
+    std::vector<torch::Tensor> parts;
+    int64_t q0 = 0;
+    for (size_t s = 0; s < t_q.size(); ++s) {
+      const int64_t n = t_q[s], m = t_k[s];
+      const auto own = attention::BlockMask::from_function(
+          [&, n, m](int64_t, int64_t, int64_t i, int64_t j) { return tree(n, m, i, j); }, 1, 1, n,
+          m, 8);
+      parts.push_back(F::scaled_dot_product_attention(
+                          c.query.narrow(0, q0, n).transpose(0, 1), c.keys[s], c.values[s],
+                          O(base)
+                              .backend(F::Backend::Math)
+                              .block_mask(own)
+                              .score_mod(scaled(static_cast<int64_t>(s))))
+                          .output.transpose(0, 1));
+      q0 += n;
+    }
+    const auto expected = torch::cat(parts, 0);
+    const auto options = O(base).block_mask(mask).score_mod(scaled(-1));
+    for (const auto backend : {F::Backend::Auto, F::Backend::Chunked, F::Backend::Math}) {
+      INFO("backend " << static_cast<int>(backend));
+      const auto got = paged(c, O(options).backend(backend));
+      if (backend == F::Backend::Chunked) CHECK(F::last_path() == F::Path::ChunkedFused);
+      CHECK(test::max_abs_diff(got, expected) < 1e-10);
+    }
+    // The pages read in place, the keys split across threads or not.
+    for (const int64_t splits : {1, 3}) {
+      INFO("splits " << splits);
+      CHECK(test::max_abs_diff(paged_split(c, options, splits), expected) < 1e-10);
+      if (kv_heads == 1) CHECK(attention::kernels::paged_forward_last_matrix_tiles() > 0);
+    }
+    // Each alone makes a difference: the tree, the bias and the modification.
+    const auto plain = paged(c, O());
+    CHECK(test::max_abs_diff(paged(c, O().block_mask(mask)), plain) > 1e-3);
+    CHECK(test::max_abs_diff(paged(c, base), plain) > 1e-3);
+    CHECK(test::max_abs_diff(paged(c, O().score_mod(scaled(-1))), plain) > 1e-3);
   }
 }
 

@@ -278,15 +278,16 @@ TEST_CASE("relative bias: bad input is refused by name", "[relative_bias][bad_in
                    "of shape (7, 4): one row per bucket of relative_buckets, one column per query "
                    "head, got (7, 2)");
   CHECK_THROWS_C10(sdpa(torch::zeros({32, 4})), c10::ValueError, "got (32, 4)");
-  // Packed and paged calls place sequences by offsets: refused.
+  // Packed calls check the table as well.
   const auto packed = torch::randn({10, 2, 8});
   const auto offsets = torch::tensor({0, 4, 10}, torch::kLong);
   CHECK_THROWS_C10(F::varlen_attention(packed, packed, packed, offsets, offsets,
                                        Options()
-                                           .relative_bias(torch::zeros({7, 2}))
+                                           .relative_bias(torch::zeros({7, 3}))
                                            .relative_buckets(RelativeBuckets::distance(3))),
                    c10::ValueError,
-                   "attention::functional::varlen_attention: takes no relative_bias");
+                   "attention::functional::varlen_attention: expected relative_bias of shape (7, "
+                   "2)");
   // The tiles of other devices do not differentiate the table.
   if (!torch::cuda::is_available()) {
     WARN("relative bias on CUDA: skipped, no CUDA device");

@@ -22,6 +22,7 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 namespace score_mod_test {
@@ -225,6 +226,22 @@ TEST_CASE("score_mod: what the function returns at the extremes", "[score_mod]")
     return s.fill_(std::numeric_limits<double>::quiet_NaN());
   });
   const auto causal_truth = run(q, k, k, Options().backend(F::Backend::Math).is_causal(true), up);
+  // No query, no key, no feature: nothing to ask the function about (it would throw).
+  const ScoreMod never([](const torch::Tensor&, const ScoreTile&) -> torch::Tensor {
+    throw std::runtime_error("called on an empty problem");
+  });
+  for (const auto& [t_q, t_k, d] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{0, 5, 8}, {5, 0, 8}, {0, 0, 8}}) {
+    const auto q0 = torch::randn({1, 2, t_q, d}), k0 = torch::randn({1, 2, t_k, d});
+    for (const auto backend : {F::Backend::Math, F::Backend::Chunked}) {
+      torch::NoGradGuard no_grad;
+      const auto out =
+          F::scaled_dot_product_attention(q0, k0, k0, Options().backend(backend).score_mod(never))
+              .output;
+      CHECK(out.sizes() == torch::IntArrayRef({1, 2, t_q, d}));
+      CHECK(torch::equal(out, torch::zeros_like(out)));
+    }
+  }
   for (const auto backend : {F::Backend::Math, F::Backend::Chunked}) {
     INFO("backend " << static_cast<int>(backend));
     const auto base = Options().backend(backend).block_size(32);
@@ -328,14 +345,13 @@ TEST_CASE("score_mod: bad input is refused by name", "[score_mod][bad_input]") {
   CHECK_THROWS_C10(sdpa(forward_only, F::Backend::Native), c10::Error,
                    "attention::functional::scaled_dot_product_attention: the Native backend "
                    "cannot apply a score_mod; use Backend::Math, Chunked or Auto");
-  // Packed and paged calls.
-  const auto packed = torch::randn({10, 2, 8});
+  // Packed calls: training needs the derivative there too.
+  const auto packed = torch::randn({10, 2, 8}, torch::requires_grad());
   const auto offsets = torch::tensor({0, 4, 10}, torch::kLong);
   CHECK_THROWS_C10(F::varlen_attention(packed, packed, packed, offsets, offsets,
                                        Options().score_mod(forward_only)),
                    c10::ValueError,
-                   "attention::functional::varlen_attention: takes no score_mod; use "
-                   "scaled_dot_product_attention per sequence for one");
+                   "attention::functional::varlen_attention: the score_mod has no derivative");
   // The module: with a sliding cache, refused; a failing call leaves the cache as it was.
   attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(8, 8, 2));
   torch::NoGradGuard no_grad;

@@ -76,7 +76,9 @@ struct ScaledDotProductAttentionOptions {
   /// attn_mask, causality and the window. Its t_q and t_k must be the call's Tq and Tk, and its
   /// batch and heads must broadcast to the scores' leading dims (..., H). The fused CPU kernels
   /// skip its empty blocks and mask nothing in its full ones; every other route computes from
-  /// its dense mask (BlockMask::to_attn_mask()). Not for packed or paged calls. Unset: none.
+  /// its dense mask (BlockMask::to_attn_mask()). In varlen_attention and paged_attention: made
+  /// for at least the longest sequence's queries and keys, batch 1 or one row per sequence, each
+  /// sequence reading the top-left corner of its row. Unset: none.
   TORCH_ARG(c10::optional<BlockMask>, block_mask) = c10::nullopt;
   /// Hides keys after each query. With Tq != Tk the queries are the last Tq positions of the
   /// Tk keys, as when new tokens attend to a KV cache (see causal_alignment).
@@ -102,8 +104,8 @@ struct ScaledDotProductAttentionOptions {
   /// `relative_attention_bias.weight`): relative_bias[bucket(j - pos(i)), h] is added to the
   /// scaled scores of head h after soft-capping, where relative_buckets gives the bucket.
   /// Differentiable: the fused CPU kernels accumulate its gradient per relative position, never
-  /// forming a Tq x Tk tensor; every other route adds the dense bias it expands to. Not for
-  /// packed or paged calls. Undefined: none.
+  /// forming a Tq x Tk tensor; every other route adds the dense bias it expands to. Packed and
+  /// paged calls place it by each sequence's own positions. Undefined: none.
   TORCH_ARG(torch::Tensor, relative_bias) = {};
   /// The buckets that relative_bias is indexed by (T5's by default).
   TORCH_ARG(RelativeBuckets, relative_buckets) = RelativeBuckets::t5();
@@ -112,7 +114,7 @@ struct ScaledDotProductAttentionOptions {
   /// with its derivative for training (a call that needs gradients is refused without one).
   /// Math and the fused CPU kernels apply it (Math to each query matrix whole, the kernels to
   /// each tile they compute); Native refuses it, and so does Chunked on other devices, where Auto
-  /// takes Math. Not for packed or paged calls. Unset: none.
+  /// takes Math. In packed and paged calls a tile's batch is its sequence. Unset: none.
   TORCH_ARG(c10::optional<ScoreMod>, score_mod) = c10::nullopt;
   /// Logit soft-capping, as Gemma 2: the scaled scores s become softcap * tanh(s / softcap)
   /// before ALiBi and the masks are added. Unset: none; must be finite and > 0.
@@ -234,11 +236,16 @@ ATTENTION_API torch::Tensor projected_attention(
 /// The options hold per sequence: is_causal with its causal_alignment (with Tq_s != Tk_s the
 /// queries of a sequence are the last Tq_s of its Tk_s positions, or its first with TopLeft),
 /// window_left and window_right, ALiBi's distances, soft-capping, sinks, the scale, grouped-query
-/// heads, dropout (Math), the backend and block_size. attn_mask and need_weights are refused by
-/// name (a mask over the packed tokens would be quadratic in the whole batch; call
-/// scaled_dot_product_attention per sequence for masks and weights). Auto picks Math for small
-/// problems (fewer than kAutoChunkedScores scores over all sequences) or dropout, else Chunked,
-/// whose fused CPU kernels compute every sequence in one parallel pass, forward and backward.
+/// heads, dropout (Math), the backend and block_size; a relative_bias by each sequence's own
+/// positions; a score_mod whose tiles' batch is the sequence; a block_mask with one row per
+/// sequence (or one for all), made for at least the longest sequence, whose top-left corner each
+/// sequence reads (the visibility of each sequence described once, in its own positions: a tree
+/// of draft tokens over each sequence's prefix, documents inside each sequence). attn_mask and
+/// need_weights are refused by name (a mask over the packed tokens would be quadratic in the
+/// whole batch; call scaled_dot_product_attention per sequence for masks and weights). Auto picks
+/// Math for small problems (fewer than kAutoChunkedScores scores over all sequences) or dropout,
+/// else Chunked, whose fused CPU kernels compute every sequence in one parallel pass, forward and
+/// backward.
 ///
 /// Throws c10::ValueError for shapes, offsets and option values, c10::TypeError for dtypes (of the
 /// offsets too), c10::Error for devices and for what the chosen backend cannot do; every message

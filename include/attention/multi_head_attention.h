@@ -88,7 +88,7 @@ struct MultiHeadAttentionOptions {
   /// `relative_attention_bias` (num_buckets, num_heads), the layout of T5's
   /// `relative_attention_bias.weight`, added to the scaled scores of each head (see
   /// ScaledDotProductAttentionOptions::relative_bias). Initialized N(0, 0.02^2) after out_proj
-  /// and the sinks. Not with forward_paged. Unset: none.
+  /// and the sinks. Unset: none.
   TORCH_ARG(c10::optional<functional::RelativeBuckets>, relative_bias) = c10::nullopt;
   /// ALiBi with the standard slopes of num_heads heads (functional::alibi_slopes), as BLOOM and
   /// MPT; such models have no position embeddings of their own.

@@ -36,8 +36,9 @@ namespace functional {
 /// must lie in [0, num_pages); others (pages a sliding window let go, or past the sequence's
 /// length) may hold anything, -1 by convention. The options hold per sequence as in
 /// varlen_attention (is_causal with its alignment, window, ALiBi, soft-capping, sinks, GQA,
-/// scale); attn_mask, need_weights and dropout are refused, and so are gradients: the pages hold
-/// none (call it under torch::NoGradGuard).
+/// scale, and a block_mask, relative_bias and score_mod as varlen_attention takes them, all read
+/// in place); attn_mask, need_weights and dropout are refused, and so are gradients: the pages
+/// hold none (call it under torch::NoGradGuard).
 ///
 /// Throws c10::ValueError for shapes, offsets, lengths, page entries and option values,
 /// c10::TypeError for dtypes, c10::Error for devices and for a call that records gradients; every

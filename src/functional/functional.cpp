@@ -84,7 +84,9 @@ AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
               ": the Chunked backend applies a score_mod on the fused CPU kernels only (float, "
               "double or bfloat16 on the CPU); use Backend::Math (or Auto)");
   kernels::Problem dense;
-  const bool expand = !in_kernel && (given.block_mask || given.relative_bias.defined());
+  // A packed problem's sequences take theirs one at a time (kernels::each_sequence).
+  const bool expand =
+      !in_kernel && !given.packed() && (given.block_mask || given.relative_bias.defined());
   if (expand) {
     // The bias first: a key the block mask hides stays hidden whatever the bias adds there.
     dense = kernels::with_dense_block_mask(kernels::with_dense_relative_bias(given));
@@ -118,10 +120,12 @@ bool decodes_in_place(const kernels::Problem& p, const torch::Tensor& query,
   if (!fused || p.degenerate() || p.packed() || !kernels::paged_forward_applies(query)) {
     return false;
   }
-  if (p.mask.defined() || p.block_mask || p.relative_bias.defined() || p.score_mod ||
-      p.dropout_p > 0.0 || p.need_weights || p.needs_grad) {
+  // A block mask, a relative bias and a score_mod come along: the batch rows are the sequences
+  // (a block mask's batch row too, unless it broadcasts over leading dims before the batch).
+  if (p.mask.defined() || p.dropout_p > 0.0 || p.need_weights || p.needs_grad) {
     return false;
   }
+  if (p.block_mask && p.block_mask->batch() != 1 && query.dim() > 4) return false;
   // A prompt chunk goes to Chunked's tiles; one query per head, however many heads share a
   // key/value head (multi-query), is an item of the paged kernel's matrix products.
   if (p.t_q > 1 && p.t_q * p.g > kernels::kPagedItemRows) return false;

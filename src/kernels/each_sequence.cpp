@@ -26,7 +26,9 @@ functional::AttentionOutput each_sequence(const Problem& p, const torch::Tensor&
   for (int64_t s = 0; s < sequences.count(); ++s) {
     const int64_t t_q = sequences.queries(s), t_k = sequences.keys(s);
     if (t_q == 0) continue;
-    const Problem one = p.sequence(s);
+    // Its block mask and relative bias as the dense mask they expand to: these kernels read
+    // whole masks.
+    const Problem one = with_dense_block_mask(with_dense_relative_bias(p.sequence(s)));
     const auto keys = [&](const torch::Tensor& t) {
       return t.narrow(1, sequences.key_begin(s), t_k);
     };

@@ -41,14 +41,17 @@ Tensor softmax_last_dim(const Tensor& scores) {
 }
 
 // The score modification of each query matrix of `scores` (..., Tq, Tk), written over `out` (a
-// tensor of the same shape, contiguous): the function, or with `grad` its derivative.
-void each_matrix(const ScoreMod& mod, int64_t heads, int64_t query_offset, const char* caller,
-                 const Tensor& scores, const Tensor& out, const Tensor& grad = {}) {
+// tensor of the same shape, contiguous): the function, or with `grad` its derivative. `sequence`:
+// the packed sequence these scores are of (the tiles' batch), or -1.
+void each_matrix(const ScoreMod& mod, int64_t heads, int64_t query_offset, int64_t sequence,
+                 const char* caller, const Tensor& scores, const Tensor& out,
+                 const Tensor& grad = {}) {
+  if (scores.numel() == 0) return;  // no tile to ask about
   const int64_t t_q = scores.size(-2), t_k = scores.size(-1);
   const auto matrices = scores.reshape({-1, t_q, t_k});
   const auto written = out.view({-1, t_q, t_k});
   for (int64_t m = 0; m < matrices.size(0); ++m) {
-    const ScoreTile tile{m / heads, m % heads, 0, 0, query_offset};
+    const ScoreTile tile{sequence >= 0 ? sequence : m / heads, m % heads, 0, 0, query_offset};
     if (grad.defined()) {
       mod.apply_derivative(matrices[m], written[m], tile, caller);
     } else {
@@ -59,10 +62,10 @@ void each_matrix(const ScoreMod& mod, int64_t heads, int64_t query_offset, const
 
 // What the autograd record of a score modification keeps for its backward.
 struct SavedScoreMod : torch::CustomClassHolder {
-  SavedScoreMod(ScoreMod m, int64_t h, int64_t offset, std::string name)
-      : mod(std::move(m)), heads(h), query_offset(offset), caller(std::move(name)) {}
+  SavedScoreMod(ScoreMod m, int64_t h, int64_t offset, int64_t s, std::string name)
+      : mod(std::move(m)), heads(h), query_offset(offset), sequence(s), caller(std::move(name)) {}
   ScoreMod mod;
-  int64_t heads, query_offset;
+  int64_t heads, query_offset, sequence;
   std::string caller;
 };
 
@@ -72,10 +75,10 @@ class ModifiedScores : public torch::autograd::Function<ModifiedScores> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& scores,
                         const Problem& p) {
     Tensor out = scores.clone(at::MemoryFormat::Contiguous);
-    each_matrix(*p.score_mod, p.heads, p.query_offset, p.caller, scores, out);
+    each_matrix(*p.score_mod, p.heads, p.query_offset, p.sequence_index, p.caller, scores, out);
     ctx->save_for_backward({scores});
-    ctx->saved_data["score_mod"] = c10::IValue::make_capsule(
-        c10::make_intrusive<SavedScoreMod>(*p.score_mod, p.heads, p.query_offset, p.caller));
+    ctx->saved_data["score_mod"] = c10::IValue::make_capsule(c10::make_intrusive<SavedScoreMod>(
+        *p.score_mod, p.heads, p.query_offset, p.sequence_index, p.caller));
     return out;
   }
 
@@ -85,8 +88,8 @@ class ModifiedScores : public torch::autograd::Function<ModifiedScores> {
         c10::static_intrusive_pointer_cast<SavedScoreMod>(ctx->saved_data["score_mod"].toCapsule());
     const Tensor scores = ctx->get_saved_variables()[0];
     Tensor grad = grads[0].clone(at::MemoryFormat::Contiguous);
-    each_matrix(saved->mod, saved->heads, saved->query_offset, saved->caller.c_str(), scores, grad,
-                grad);
+    each_matrix(saved->mod, saved->heads, saved->query_offset, saved->sequence,
+                saved->caller.c_str(), scores, grad, grad);
     return {grad, Tensor()};
   }
 };
@@ -96,7 +99,7 @@ class ModifiedScores : public torch::autograd::Function<ModifiedScores> {
 Tensor modified(const Problem& p, const Tensor& scores) {
   if (detail::records_grad(scores)) return ModifiedScores::apply(scores, p);
   Tensor out = scores.clone(at::MemoryFormat::Contiguous);
-  each_matrix(*p.score_mod, p.heads, p.query_offset, p.caller, scores, out);
+  each_matrix(*p.score_mod, p.heads, p.query_offset, p.sequence_index, p.caller, scores, out);
   return out;
 }
 

@@ -203,6 +203,7 @@ Sequences::Sequences(std::vector<int64_t> queries, std::vector<int64_t> keys)
 Problem Problem::sequence(int64_t s) const {
   Problem view = *this;
   view.sequences = nullptr;
+  view.sequence_index = s;
   view.t_q = sequences->queries(s);
   view.t_k = sequences->keys(s);
   view.query_offset = alignment == functional::CausalAlignment::TopLeft ? 0 : view.t_k - view.t_q;
@@ -341,20 +342,34 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
   return p;
 }
 
-// Packed and paged calls place each sequence's queries and keys by offsets: a block mask over
-// the packed tokens would not say which sequence a block belongs to, nor a relative bias where
-// a sequence's positions start.
-void refuse_block_mask(const functional::ScaledDotProductAttentionOptions& options,
-                       const char* caller) {
-  TORCH_CHECK_VALUE(!options.score_mod(), caller,
-                    ": takes no score_mod; use scaled_dot_product_attention per sequence for one");
-  TORCH_CHECK_VALUE(!options.relative_bias().defined(), caller,
-                    ": takes no relative_bias; use scaled_dot_product_attention per sequence for "
-                    "one");
-  TORCH_CHECK_VALUE(!options.block_mask(), caller,
-                    ": takes no block_mask (each query sees the keys of its own sequence, through "
-                    "is_causal and the window); use scaled_dot_product_attention with a "
-                    "BlockMask::document mask over the packed tokens instead");
+// The options of a packed or paged call without their block mask, which describe() would check
+// against the packed totals: packed_block_mask() checks it against the sequences.
+functional::ScaledDotProductAttentionOptions without_block_mask(
+    const functional::ScaledDotProductAttentionOptions& options) {
+  auto own = options;
+  own.block_mask(c10::nullopt);
+  return own;
+}
+
+// A packed or paged call's block mask: sequence s reads batch row s (or the one row) of it, its
+// queries and keys from the top-left corner, so it must be made for at least the longest
+// sequence's.
+c10::optional<BlockMask> packed_block_mask(
+    const functional::ScaledDotProductAttentionOptions& options, const Problem& p,
+    const Sequences& sequences, const char* caller) {
+  if (!options.block_mask()) return c10::nullopt;
+  const BlockMask& blocks = *options.block_mask();
+  TORCH_CHECK_VALUE((blocks.batch() == 1 || blocks.batch() == sequences.count()) &&
+                        (blocks.heads() == 1 || blocks.heads() == p.heads),
+                    caller, ": expected a block_mask of batch 1 or S = ", sequences.count(),
+                    " (one row per sequence) and heads 1 or H = ", p.heads, ", got batch ",
+                    blocks.batch(), " and heads ", blocks.heads());
+  TORCH_CHECK_VALUE(blocks.t_q() >= sequences.max_queries && blocks.t_k() >= sequences.max_keys,
+                    caller, ": expected a block_mask made for at least the longest sequence's ",
+                    sequences.max_queries, " queries and ", sequences.max_keys,
+                    " keys (each sequence reads its top-left corner), got one made for ",
+                    blocks.t_q(), " and ", blocks.t_k());
+  return blocks;
 }
 
 }  // namespace
@@ -363,8 +378,17 @@ Problem with_dense_block_mask(const Problem& p) {
   if (!p.block_mask) return p;
   Problem dense = p;
   dense.block_mask = c10::nullopt;
-  const auto hidden = p.block_mask->to_attn_mask().to(p.device).view(
-      dense_shape(*p.block_mask, p.score_sizes().size()));
+  torch::Tensor hidden = p.block_mask->to_attn_mask();
+  if (p.sequence_index >= 0) {
+    // A packed problem's sequence: its row of the mask, the corner of its queries and keys,
+    // (heads, Tq, Tk), which broadcasts to its (H, Tq, Tk) scores.
+    hidden = hidden[p.block_mask->batch() == 1 ? 0 : p.sequence_index]
+                 .narrow(-2, 0, p.t_q)
+                 .narrow(-1, 0, p.t_k);
+  } else {
+    hidden = hidden.view(dense_shape(*p.block_mask, p.score_sizes().size()));
+  }
+  hidden = hidden.to(p.device);
   dense.mask = hiding(p.mask, hidden);
   dense.mask_is_bool = !p.mask.defined() || p.mask_is_bool;
   return dense;
@@ -400,6 +424,13 @@ torch::Tensor relative_bias_by_position(const Problem& p, at::ScalarType dtype) 
 std::vector<int64_t> block_mask_rows(const Problem& p) {
   if (!p.block_mask) return {};
   const int64_t batch = p.block_mask->batch(), heads = p.block_mask->heads();
+  if (p.sequence_index >= 0) {
+    // A packed problem's sequence, one batch of H heads: its row of the mask.
+    const int64_t row = batch == 1 ? 0 : p.sequence_index;
+    std::vector<int64_t> rows(static_cast<size_t>(p.n * p.g));
+    for (int64_t m = 0; m < p.n * p.g; ++m) rows[m] = row * heads + (heads == 1 ? 0 : m % heads);
+    return rows;
+  }
   std::vector<int64_t> lead_ones = p.lead;
   lead_ones.push_back(1);
   lead_ones.push_back(1);
@@ -452,7 +483,6 @@ Problem make_varlen_problem(const torch::Tensor& query, const torch::Tensor& key
                             const functional::ScaledDotProductAttentionOptions& options,
                             const char* caller) {
   check_packed_tensors(query, key, value, caller);
-  refuse_block_mask(options, caller);
   // A mask over packed tokens would be (H, total_q, total_k), quadratic in the whole batch, and
   // the weights ragged: the sequences' own causality and window are what a packed call hides.
   TORCH_CHECK_VALUE(!options.attn_mask().defined(), caller,
@@ -475,8 +505,10 @@ Problem make_varlen_problem(const torch::Tensor& query, const torch::Tensor& key
     return c10::SmallVector<int64_t, 3>{t.size(1), t.size(0), t.size(2)};
   };
   const auto q = head_major(query), k = head_major(key), v = head_major(value);
-  Problem p = describe({q, k, v}, query, options, detail::records_grad(query, key, value), caller);
+  Problem p = describe({q, k, v}, query, without_block_mask(options),
+                       detail::records_grad(query, key, value), caller);
   auto sequences = std::make_shared<const Sequences>(std::move(queries), std::move(keys));
+  p.block_mask = packed_block_mask(options, p, *sequences, caller);
   const int64_t longest =
       std::max<int64_t>(1, std::max(sequences->max_queries, sequences->max_keys));
   p.block = std::clamp<int64_t>(options.block_size(), 1, std::min(kMaxBlockSize, longest));
@@ -516,7 +548,6 @@ Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_
   TORCH_CHECK_VALUE(!options.attn_mask().defined(), caller,
                     ": takes no attn_mask (each query sees the keys of its own sequence, through "
                     "is_causal and the window)");
-  refuse_block_mask(options, caller);
   TORCH_CHECK_VALUE(!options.need_weights(), caller,
                     ": returns no attention weights (need_weights)");
   TORCH_CHECK_VALUE(options.dropout_p() == 0.0, caller,
@@ -568,8 +599,9 @@ Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_
   const c10::SmallVector<int64_t, 3> q_shape{q.size(1), q.size(0), q.size(2)};
   const c10::SmallVector<int64_t, 3> k_shape{k.size(1), keys.back(), k.size(3)};
   const c10::SmallVector<int64_t, 3> v_shape{v.size(1), keys.back(), v.size(3)};
-  Problem p = describe({q_shape, k_shape, v_shape}, q, options, false, caller);
+  Problem p = describe({q_shape, k_shape, v_shape}, q, without_block_mask(options), false, caller);
   auto sequences = std::make_shared<const Sequences>(std::move(queries), std::move(keys));
+  p.block_mask = packed_block_mask(options, p, *sequences, caller);
   const int64_t longest =
       std::max<int64_t>(1, std::max(sequences->max_queries, sequences->max_keys));
   p.block = std::clamp<int64_t>(options.block_size(), 1, std::min(kMaxBlockSize, longest));

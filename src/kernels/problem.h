@@ -74,7 +74,8 @@ struct Problem {
   /// A relative position bias table (num_buckets, H) (options.relative_bias); undefined = none.
   torch::Tensor relative_bias;
   /// The bucket of each relative position j - pos(i), from relative_first on: Tq + Tk - 1 of
-  /// them, every relative position a query and key of the problem can have.
+  /// them, every relative position a query and key of the problem can have (a packed problem's
+  /// cover those of every sequence, and its sequences keep them: relative_count() of them).
   std::vector<int64_t> relative_buckets;
   int64_t relative_first = 0;  // -(Tq - 1 + query_offset)
   /// Attention sinks: a logit per query head (H,) in every query's normalizer; undefined = none.
@@ -85,8 +86,11 @@ struct Problem {
   /// The additive mask is an autograd input of this call (grad mode on and it requires grad).
   bool mask_needs_grad = false;
   /// The block mask (options.block_mask), made for Tq x Tk, its batch and heads broadcasting to
-  /// the leading dims; unset = none. Only the fused CPU kernels read it as blocks: every other
-  /// route is handed with_dense_block_mask(), where it is part of `mask`.
+  /// the leading dims; unset = none. A packed problem's is made for at least the longest
+  /// sequence's queries and keys, batch 1 or one row per sequence, and each sequence reads its
+  /// row's top-left corner (block_mask_rows, with_dense_block_mask). Only the fused CPU kernels
+  /// read it as blocks: every other route is handed with_dense_block_mask(), where it is part of
+  /// `mask`.
   c10::optional<BlockMask> block_mask;
   /// The score modification (options.score_mod), applied after ALiBi and before the relative
   /// bias and the masks; unset = none. Math calls it on each query matrix, the fused CPU kernels
@@ -107,8 +111,16 @@ struct Problem {
   /// The packed sequences (null: every token is one sequence). Shared by the copies of a problem
   /// and never changed once made; block is clamped to the longest sequence instead of Tq, Tk.
   std::shared_ptr<const Sequences> sequences;
+  /// In the problem of one sequence of a packed problem (sequence()), which sequence; -1
+  /// otherwise. It picks the block mask's batch row and is a score_mod tile's batch.
+  int64_t sequence_index = -1;
 
   bool packed() const { return sequences != nullptr; }
+  /// How many relative positions relative_buckets describes (0 without a relative bias).
+  int64_t relative_count() const { return static_cast<int64_t>(relative_buckets.size()); }
+  /// A score_mod tile's batch for query matrix m: the leading dims before the heads, flattened,
+  /// or the sequence of a packed problem's sequence.
+  int64_t tile_batch(int64_t m) const { return sequence_index >= 0 ? sequence_index : m / heads; }
   /// The problem that sequence s of a packed problem poses alone: one batch of H heads with its
   /// lengths and its causal alignment's query_offset, every option and the block as the packed
   /// problem's, and no sequences.
@@ -151,7 +163,8 @@ ATTENTION_API Problem make_problem(const torch::Tensor& query, const torch::Tens
 /// The same for packed sequences (varlen_attention): query (total_q, H, d), key (total_k, Hkv, d),
 /// value (total_k, Hkv, dv) and the offsets cu_seqlens_q, cu_seqlens_k (read_offsets). Describes
 /// the problem as one batch of H heads over the queries (H, total_q, d) (each tensor's dims 0 and
-/// 1 swapped, a view), with `sequences` set. Refuses an attn_mask and need_weights by name.
+/// 1 swapped, a view), with `sequences` set. Refuses an attn_mask and need_weights by name; a
+/// block mask must be made for at least the longest sequence, with batch 1 or S.
 Problem make_varlen_problem(const torch::Tensor& query, const torch::Tensor& key,
                             const torch::Tensor& value, const torch::Tensor& cu_seqlens_q,
                             const torch::Tensor& cu_seqlens_k,

@@ -183,7 +183,8 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                       sliding->window(), " and ", sliding->sink_tokens(), " sink tokens");
   }
   // Top-left alignment would place the new queries at the first cached positions.
-  const bool placed = options.causal() || options.sliding_window() || options.alibi();
+  const bool placed =
+      options.causal() || options.sliding_window() || options.alibi() || options.relative_bias();
   TORCH_CHECK_VALUE(!(sliding || forward_options.kv_cache()) || !placed ||
                         options.causal_alignment() == functional::CausalAlignment::BottomRight,
                     kMultiHeadAttentionName,
@@ -312,7 +313,8 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
       kForwardPaged, ": a cache with sliding_window = ", c.sliding_window().value_or(0),
       " needs a module whose sliding_window is at most that, got ",
       options.sliding_window() ? std::to_string(*options.sliding_window()) : "none");
-  const bool placed = options.causal() || options.sliding_window() || options.alibi();
+  const bool placed =
+      options.causal() || options.sliding_window() || options.alibi() || options.relative_bias();
   TORCH_CHECK_VALUE(
       !placed || options.causal_alignment() == functional::CausalAlignment::BottomRight,
       kForwardPaged,

@@ -183,6 +183,24 @@ void check_varlen(const uint8_t* data, size_t size) {
   const int64_t scale = in.below(4);
   if (scale > 0) options.scale(std::vector<double>{0.5, -1.0, 0.0}[scale - 1]);
   options.block_size(in.below(8) == 0 ? (int64_t{1} << 40) : 1 + in.below(40));
+  // A block mask with one row per sequence or one for all, made for the longest sequence or a
+  // little more, hiding pairs by a pattern that differs per row; each sequence alone gets the
+  // mask made for it from the same pattern, for the reference.
+  int64_t mask_block = 0, period = 1, phase = 0;
+  bool per_sequence = false;
+  if (count > 0 && in.below(3) == 1) {
+    per_sequence = in.below(2) == 1;
+    period = 1 + in.below(8);
+    phase = in.below(8);
+    mask_block = 1 + in.below(20);
+    const int64_t extra_q = in.below(3), extra_k = in.below(3);
+    const auto pattern = [=](int64_t b, int64_t, int64_t i, int64_t j) {
+      return (i + 2 * j + (per_sequence ? b : 0) * phase) % period != 0;
+    };
+    options.block_mask(attention::BlockMask::from_function(
+        pattern, per_sequence ? count : 1, 1, *std::max_element(lq.begin(), lq.end()) + extra_q,
+        *std::max_element(lk.begin(), lk.end()) + extra_k, mask_block));
+  }
   // A broken offset: every backend must refuse it, before touching memory.
   const int64_t broken = in.below(8) == 0 ? 1 + in.below(5) : 0;
   auto& bad = in.below(2) == 0 ? offsets_q : offsets_k;
@@ -226,6 +244,8 @@ void check_varlen(const uint8_t* data, size_t size) {
             << " softcap " << options.softcap().value_or(0) << " alibi "
             << options.alibi_slopes().defined() << " sinks " << options.sinks() << " scale "
             << (options.scale() ? *options.scale() : -999.0) << " block " << options.block_size()
+            << " block mask " << (mask_block > 0) << " (per sequence " << per_sequence
+            << ", period " << period << ", phase " << phase << ", block " << mask_block << ")"
             << "\nq " << q << "\nk " << k << "\nv " << v;
   described = case_text.str();
 
@@ -251,9 +271,18 @@ void check_varlen(const uint8_t* data, size_t size) {
       const auto rows = [](const torch::Tensor& t, int64_t from, int64_t n) {
         return t.to(torch::kDouble).narrow(0, from, n).transpose(0, 1);
       };
+      auto own = reference;
+      own.block_mask(c10::nullopt);
+      if (mask_block > 0 && lq[s] > 0 && lk[s] > 0) {
+        own.block_mask(attention::BlockMask::from_function(
+            [=](int64_t, int64_t, int64_t i, int64_t j) {
+              return (i + 2 * j + (per_sequence ? s : 0) * phase) % period != 0;
+            },
+            1, 1, lq[s], lk[s], mask_block));
+      }
       parts.push_back(F::scaled_dot_product_attention(rows(q, offsets_q[s], lq[s]),
                                                       rows(k, offsets_k[s], lk[s]),
-                                                      rows(v, offsets_k[s], lk[s]), reference)
+                                                      rows(v, offsets_k[s], lk[s]), own)
                           .output.transpose(0, 1));
     }
   } catch (const c10::Error&) {

@@ -639,6 +639,21 @@ void bench_paged_decode() {
             "{:.2f}",
             type, kv_heads, p, all_threads / contiguous, bytes / all_threads / 1e6,
             bytes / all_threads / 1e6 / rate, one_thread / all_threads));
+        if (dtype == torch::kFloat) {
+          // With a block mask (every key visible, so the same work): what reading its blocks
+          // costs a step.
+          const auto masked = F::ScaledDotProductAttentionOptions(options).block_mask(
+              attention::BlockMask::causal(1, p));
+          const double gathered = median_ms(
+              [&] {
+                F::paged_attention(packed_q, key_pages, value_pages, starts, lengths, table,
+                                   masked);
+              },
+              settings.repeats * 4);
+          record_rate("paged-decode", impl + ".paged_block_mask", p, gathered, bytes);
+          progress(fmt::format("paged-decode {} kv{} {}: with a block mask / without = {:.2f}",
+                               type, kv_heads, p, gathered / all_threads));
+        }
       }
     }
   }

@@ -163,18 +163,21 @@ class Backward {
     if (relative_.defined()) relative_sum_ = torch::zeros_like(relative_);
   }
 
-  // The gradient of the bias by relative position, (H, Tq + Tk - 1), once run() has run;
+  // The gradient of the bias by relative position, (H, relative_count()), once run() has run;
   // undefined without a table.
   Tensor relative_gradient() const { return relative_sum_; }
 
   // One sequence of a packed problem: its matrices (and each split's query gradients) start at
   // its first query and key row, and its rows of the log-sum-exp and of delta lie row_ld apart.
+  // `relative`: the packed problem's relative_bias_by_position, which every sequence shares (its
+  // gradient is summed from the threads' buffers by the caller).
   struct Sequence {
     cpu::Matrices<T> q, k, v, grad_out;
     const T *lse, *delta;
     int64_t row_ld;
     std::vector<cpu::Matrices<T>> dq_parts;
     cpu::Matrices<T> dk, dv;
+    Tensor relative;
   };
 
   // `one` is the sequence's problem (Problem::sequence).
@@ -191,7 +194,8 @@ class Backward {
         dv_(std::move(s.dv)),
         splits_(static_cast<int64_t>(dq_.size())),
         row_ld_(s.row_ld),
-        blocks_(one) {}
+        blocks_(one),
+        relative_(std::move(s.relative)) {}
 
   void run() {
     at::parallel_for(0, p_.n * splits_, 1, [&](int64_t begin, int64_t end) {
@@ -232,7 +236,7 @@ class Backward {
           values_t(lease.take<T>(p.dv * p.block)),
           product(lease.take<T>(p.block * std::max(p.d, p.dv))),
           relative_grad(p.relative_bias.defined()
-                            ? static_cast<size_t>(p.heads * (p.t_q + p.t_k - 1))
+                            ? static_cast<size_t>(p.heads * p.relative_count())
                             : size_t{0},
                         T(0)) {}
   };
@@ -320,7 +324,7 @@ class Backward {
     dispatch_score_gradients(s, prob, dp, rows, cols, delta_ + h * row_ld_ + i0,
                              relative || modified ? T(1) : scale);
     if (relative) {
-      T* grad = w.relative_grad.data() + (h % p_.heads) * (p_.t_q + p_.t_k - 1) - p_.relative_first;
+      T* grad = w.relative_grad.data() + (h % p_.heads) * p_.relative_count() - p_.relative_first;
       cpu::accumulate_relative_bias(dp, cols, grad + j0 - (i0 + p_.query_offset), rows,
                                     modified ? T(1) : scale);
     }
@@ -368,10 +372,12 @@ int64_t packed_splits(const Problem& p) {
 // items are (sequence, key/value head, split), taken dearest first from a shared counter. Every
 // key row belongs to one sequence, so every row of dk and dv is written (zeros for a sequence
 // without queries).
+// Returns the gradient of the relative bias by relative position, summed over the threads'
+// buffers; undefined without a table.
 template <typename T>
-void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
-                const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv) {
+Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
+                  const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv) {
   const Sequences& sequences = *p.sequences;
   const cpu::Matrices<T> queries(q), keys(k), values(v), upstream(grad_out), key_grads(dk),
       value_grads(dv);
@@ -381,6 +387,7 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
     int64_t part, kv, split;
     double cost;
   };
+  const Tensor relative = relative_bias_by_position(p, c10::CppTypeToScalarType<T>::value);
   std::vector<Problem> problems;  // each part's problem, which its Backward refers to
   std::vector<Backward<T>> parts;
   problems.reserve(sequences.count());
@@ -397,7 +404,7 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
         one, typename Backward<T>::Sequence{
                  queries.from_row(q0), keys.from_row(k0), values.from_row(k0),
                  upstream.from_row(q0), lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q,
-                 std::move(dq), key_grads.from_row(k0), value_grads.from_row(k0)});
+                 std::move(dq), key_grads.from_row(k0), value_grads.from_row(k0), relative});
     const int64_t part = static_cast<int64_t>(parts.size()) - 1;
     // The pairs of scores of the sequence's query heads, shared by its splits, and the key rows
     // that are written either way.
@@ -412,11 +419,21 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
       for (int64_t split = 0; split < used; ++split) items.push_back({part, kv, split, cost});
     }
   }
+  Tensor relative_sum = relative.defined() ? torch::zeros_like(relative) : Tensor();
+  std::mutex relative_mutex;
   cpu::run_dearest_first(
       items, [&] { return typename Backward<T>::TileBuffers(p); },
       [&](const Item& item, typename Backward<T>::TileBuffers& w) {
         parts[item.part].keys(item.kv, item.split, w);
+      },
+      [&](typename Backward<T>::TileBuffers& w) {
+        if (w.relative_grad.empty()) return;
+        // Each thread kept its own gradient by relative position: added once, in turn.
+        std::lock_guard<std::mutex> lock(relative_mutex);
+        T* sum = relative_sum.data_ptr<T>();
+        for (size_t e = 0; e < w.relative_grad.size(); ++e) sum[e] += w.relative_grad[e];
       });
+  return relative_sum;
 }
 
 }  // namespace
@@ -449,7 +466,8 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_backward", [&] {
     output_dots<scalar_t>(p, o, go, delta);
     if (p.packed()) {
-      run_packed<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv);
+      const Tensor sum = run_packed<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv);
+      if (relative_grad) *relative_grad = sum;
     } else {
       Backward<scalar_t> backward(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv);
       backward.run();

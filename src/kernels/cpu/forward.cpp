@@ -52,8 +52,9 @@ class Forward {
 
   // One sequence of a packed problem: `one` is its problem (Problem::sequence), the matrices
   // start at its first query and key row, and its log-sum-exp rows (if any) lie lse_ld apart.
+  // `relative`: the packed problem's relative_bias_by_position, which every sequence shares.
   Forward(const Problem& one, Matrices<T> q, Matrices<T> k, Matrices<T> v, Matrices<T> out, T* lse,
-          int64_t lse_ld)
+          int64_t lse_ld, const Tensor& relative)
       : p_(one),
         q_(std::move(q)),
         k_(std::move(k)),
@@ -61,7 +62,8 @@ class Forward {
         out_(std::move(out)),
         lse_(lse),
         lse_ld_(lse_ld),
-        blocks_(one) {}
+        blocks_(one),
+        relative_(relative) {}
 
   void run() {
     const int64_t blocks = (p_.t_q + p_.block - 1) / p_.block;
@@ -237,6 +239,7 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
   }
   const int64_t group =
       std::clamp<int64_t>(p.n * p.g * blocks / (8 * threads), 1, Forward<T>::kMaxGroup);
+  const Tensor relative = relative_bias_by_position(p, c10::CppTypeToScalarType<T>::value);
 
   struct Item {
     int64_t part, h, first, count;
@@ -254,7 +257,7 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
     problems.push_back(p.sequence(s));
     const Problem& one = problems.back();
     parts.emplace_back(one, queries.from_row(q0), keys.from_row(k0), values.from_row(k0),
-                       outputs.from_row(q0), lse_data ? lse_data + q0 : nullptr, p.t_q);
+                       outputs.from_row(q0), lse_data ? lse_data + q0 : nullptr, p.t_q, relative);
     const int64_t part = static_cast<int64_t>(parts.size()) - 1;
     const int64_t sequence_blocks = (t_q + p.block - 1) / p.block;
     for (int64_t first = 0; first < sequence_blocks; first += group) {

@@ -153,6 +153,7 @@ class PagedForward {
       const auto host = p.sinks.detach().to(torch::kCPU, torch::kDouble).contiguous();
       sinks_.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
     }
+    relative_ = relative_bias_by_position(p, c10::CppTypeToScalarType<Acc>::value);
   }
 
   void run() {
@@ -183,6 +184,7 @@ class PagedForward {
     for (int64_t s = 0; s < sequences.count(); ++s) {
       problems_.push_back(p_.sequence(s));
       const Problem& one = problems_.back();
+      if (p_.block_mask) blocks_.emplace_back(one);
       for (int64_t kv = 0; kv < p_.n; ++kv) {
         // A prompt chunk's items hold more rows when the matrix products can take them.
         const bool chunk = one.t_q * p_.g > kPagedItemRows && chunk_queries > 0;
@@ -396,9 +398,7 @@ class PagedForward {
       Acc* s = w.s + r * ld;
       if (b > a) {
         const int64_t m = it.kv * p_.g + r / it.nq, i = it.i0 + r % it.nq;
-        if (ps.transforms_scores()) {
-          cpu::prepare_scores<Acc>(ps, no_mask, m, i, 1, j0 + a, b - a, s + a, ld, nullptr);
-        }
+        if (modifies(ps)) prepare_row(it, ps, m, i, j0 + a, b - a, s + a);
         if (!uniform) {
           cpu::online_softmax_step(s + a, 1, b - a, ld, false, 0, w.max + r, w.sum + r,
                                    w.acc + r * dv, dv, dv);
@@ -426,6 +426,21 @@ class PagedForward {
         for (int64_t c = 0; c < dv; ++c) acc[c] += weight * widen(value[c]);
       }
     }
+  }
+
+  // Whether anything comes between a row's products and its softmax step: soft-capping, ALiBi, a
+  // score modification, a relative bias or a block mask.
+  bool modifies(const Problem& ps) const {
+    return ps.transforms_scores() || relative_.defined() || !blocks_.empty();
+  }
+
+  // That, on the scores `s` of row (m, i) of the item's sequence against keys [j0, j0 + cols).
+  void prepare_row(const PagedItem& it, const Problem& ps, int64_t m, int64_t i, int64_t j0,
+                   int64_t cols, Acc* s) const {
+    static const std::vector<int64_t> no_mask;
+    cpu::prepare_scores<Acc>(ps, no_mask, m, i, 1, j0, cols, s, kScoresLd, nullptr,
+                             relative_.defined() ? relative_.data_ptr<Acc>() : nullptr);
+    if (!blocks_.empty()) blocks_[it.sequence].hide(m, i, 1, j0, cols, s, kScoresLd);
   }
 
   // Whether an item of `rows` rows meets its keys in matrix products.
@@ -475,10 +490,8 @@ class PagedForward {
     const std::vector<int64_t> no_mask;
     for (int64_t r = 0; r < rows; ++r) {
       Acc* row = w.s + r * ld;
-      if (ps.transforms_scores()) {
-        const int64_t m = it.kv * p_.g + r / it.nq, i = it.i0 + r % it.nq;
-        cpu::prepare_scores<Acc>(ps, no_mask, m, i, 1, j0, cols, row, ld, nullptr);
-      }
+      if (modifies(ps))
+        prepare_row(it, ps, it.kv * p_.g + r / it.nq, it.i0 + r % it.nq, j0, cols, row);
       std::fill(row + cols, row + padded, Acc(0));
     }
     cpu::online_softmax_step(w.s, rows, cols, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
@@ -567,6 +580,8 @@ class PagedForward {
   const cpu::DecodeProducts* products_ = nullptr;  // nullptr: the portable loops
   std::vector<double> sinks_;
   std::vector<Problem> problems_;
+  std::vector<cpu::MaskBlocks> blocks_;  // each sequence's view of the block mask, if any
+  Tensor relative_;                      // relative_bias_by_position, undefined without a table
   std::vector<PagedItem> bases_, items_;
   std::vector<int64_t> partial_offset_;
   std::vector<Acc> partials_;

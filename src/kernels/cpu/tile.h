@@ -119,7 +119,7 @@ void accumulate_relative_bias(double* g, int64_t cols, double* at, int64_t rows,
 
 /// Where the tile of query matrix m, queries from i0 and keys from j0, lies for a score_mod.
 inline ScoreTile score_tile(const Problem& p, int64_t m, int64_t i0, int64_t j0) {
-  return {m / p.heads, m % p.heads, i0, j0, p.query_offset};
+  return {p.tile_batch(m), m % p.heads, i0, j0, p.query_offset};
 }
 
 /// The problem's score modification on a tile of scores `s` (row stride ld) of query matrix m,
@@ -217,10 +217,10 @@ class MaskBlocks {
 /// scores `s` (row stride ld) of query matrix h, queries [i0, i0 + rows), keys [j0, j0 + cols):
 /// soft-capping (writing its derivative 1 - tanh^2 to `cap_slope`, row stride cols, when given),
 /// ALiBi, the score modification (first copying the scores to `score_in`, row stride cols, when
-/// given), the relative position bias (`relative`: relative_bias_by_position's (H, Tq + Tk - 1)
-/// rows, or nullptr), the user's mask (its matrices at `mask_at`), and -inf for keys left of the
-/// window.
-/// Keys right of the causal diagonal or the window are the caller's: it never reads them.
+/// given), the relative position bias (`relative`: relative_bias_by_position's (H,
+/// relative_count()) rows, or nullptr), the user's mask (its matrices at `mask_at`), and -inf for
+/// keys left of the window. Keys right of the causal diagonal or the window are the caller's: it
+/// never reads them.
 template <typename T>
 void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64_t h, int64_t i0,
                     int64_t rows, int64_t j0, int64_t cols, T* s, int64_t ld, T* cap_slope,
@@ -241,7 +241,7 @@ void prepare_scores(const Problem& p, const std::vector<int64_t>& mask_at, int64
   if (p.score_mod) modify_scores(p, h, i0, rows, j0, cols, s, ld, score_in);
   if (relative) {
     // Row h of the bias by relative position, indexed by j - pos(i) - relative_first.
-    const T* bias = relative + (h % p.heads) * (p.t_q + p.t_k - 1) - p.relative_first;
+    const T* bias = relative + (h % p.heads) * p.relative_count() - p.relative_first;
     add_relative_bias(s, ld, bias + j0 - (i0 + p.query_offset), rows, cols);
   }
   if (p.mask.defined()) apply_mask<T>(p.mask, mask_at[h], i0, j0, s, rows, cols, ld);
@@ -295,12 +295,20 @@ inline double block_pairs(const Problem& p, int64_t i0, int64_t rows) {
 /// `run(item, buffers)`.
 template <typename Item, typename MakeBuffers, typename Run>
 void run_dearest_first(std::vector<Item>& items, const MakeBuffers& make_buffers, const Run& run) {
+  run_dearest_first(items, make_buffers, run, [](auto&) {});
+}
+
+/// The same, then `finish(buffers)` on each thread once it has run its items.
+template <typename Item, typename MakeBuffers, typename Run, typename Finish>
+void run_dearest_first(std::vector<Item>& items, const MakeBuffers& make_buffers, const Run& run,
+                       const Finish& finish) {
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.cost > b.cost; });
   std::atomic<size_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     auto buffers = make_buffers();
     for (size_t i = next++; i < items.size(); i = next++) run(items[i], buffers);
+    finish(buffers);
   });
 }
 
