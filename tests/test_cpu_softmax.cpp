@@ -9,8 +9,8 @@
 // takes; ctest's chunked.avx2_softmax runs them on AVX2's and chunked.portable_softmax on the
 // portable loops.
 
+#include "kernels/cpu/soft_cap.h"
 #include "kernels/cpu/softmax.h"
-#include "kernels/cpu/tile.h"
 #include "platform/cpu_features.h"
 
 #include <torch/torch.h>

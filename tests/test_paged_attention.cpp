@@ -395,6 +395,73 @@ TEST_CASE("forward_paged: each sequence gets what forward() gives it with a KVCa
   }
 }
 
+TEST_CASE(
+    "forward_paged: draft tokens under a tree mask and a score_mod, as forward() with a "
+    "KVCache gives them",
+    "[paged][block_mask][score_mod]") {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(18);
+  attention::MultiHeadAttention mha(
+      attention::MultiHeadAttentionOptions(16, 32, 4).num_kv_heads(2).rope(
+          F::RotaryOptions().theta(10000.0)));
+  attention::PagedKVCache cache(attention::PagedKVCacheOptions(64, 4, 2, mha->head_dim()));
+  const std::vector<int64_t> prompts = {20, 11}, drafts = {4, 3};
+  // Each draft sees the prompt and the drafts on its own branch (same parity, no later).
+  const auto tree = [&](int64_t s, int64_t i, int64_t j) {
+    const int64_t draft = j - prompts[s];
+    return draft < 0 || (draft <= i && (i - draft) % 2 == 0);
+  };
+  const auto mask = attention::BlockMask::from_function(
+      [&](int64_t s, int64_t, int64_t i, int64_t j) { return tree(s, i, j); }, 2, 1, 4, 24, 4);
+  const auto scaled = [](int64_t fixed) {
+    return attention::ScoreMod([fixed](const torch::Tensor& x, const attention::ScoreTile& t) {
+      return x.mul(1 + 0.3 * static_cast<double>(fixed >= 0 ? fixed : t.batch));
+    });
+  };
+  std::vector<torch::Tensor> prompt_x, draft_x;
+  std::vector<int64_t> ids;
+  for (size_t s = 0; s < 2; ++s) {
+    prompt_x.push_back(torch::randn({prompts[s], 16}));
+    draft_x.push_back(torch::randn({drafts[s], 16}));
+    ids.push_back(cache.add_sequence());
+  }
+  mha->forward_paged(torch::cat(prompt_x), cache, cache.extend(ids, prompts));
+  const auto batch = cache.extend(ids, drafts);
+  // A mask made for fewer keys than the longest sequence: refused before the cache is written.
+  const auto before = cache.keys(0).clone();
+  CHECK_THROWS_C10(
+      mha->forward_paged(
+          torch::cat(draft_x), cache, batch,
+          attention::PagedForwardOptions().block_mask(attention::BlockMask::from_function(
+              [](int64_t, int64_t, int64_t, int64_t) { return true; }, 2, 1, 4, 23))),
+      c10::ValueError,
+      "attention::MultiHeadAttention::forward_paged: expected a block_mask made for at least 4 "
+      "queries and 24 keys (the step's most new tokens of a sequence, its longest sequence), got "
+      "one made for 4 and 23");
+  CHECK(torch::equal(cache.keys(0), before));
+  const auto y =
+      mha->forward_paged(torch::cat(draft_x), cache, batch,
+                         attention::PagedForwardOptions().block_mask(mask).score_mod(scaled(-1)));
+  int64_t row = 0;
+  for (int64_t s = 0; s < 2; ++s) {
+    INFO("sequence " << s);
+    attention::KVCache alone(64);
+    mha->forward(prompt_x[s].unsqueeze(0),
+                 attention::MultiHeadAttentionForwardOptions().kv_cache(&alone));
+    const auto own = attention::BlockMask::from_function(
+        [&, s](int64_t, int64_t, int64_t i, int64_t j) { return tree(s, i, j); }, 1, 1, drafts[s],
+        prompts[s] + drafts[s], 4);
+    const auto expected =
+        mha->forward(draft_x[s].unsqueeze(0), attention::MultiHeadAttentionForwardOptions()
+                                                  .kv_cache(&alone)
+                                                  .block_mask(own)
+                                                  .score_mod(scaled(s)))
+            .output[0];
+    CHECK(test::max_abs_diff(y.narrow(0, row, drafts[s]), expected) < 2e-5);
+    row += drafts[s];
+  }
+}
+
 TEST_CASE("scaled_dot_product_attention: a decoding step reads the cache as pages, split",
           "[paged]") {
   torch::NoGradGuard no_grad;

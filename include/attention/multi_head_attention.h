@@ -133,6 +133,22 @@ struct MultiHeadAttentionForwardOptions {
   TORCH_ARG(functional::Backend, backend) = functional::Backend::Auto;
 };
 
+/// Per-step options of MultiHeadAttention::forward_paged.
+struct PagedForwardOptions {
+  /// The cache's layer that the step's keys and values go into.
+  TORCH_ARG(int64_t, layer) = 0;
+  /// The kernel (see functional::paged_attention).
+  TORCH_ARG(functional::Backend, backend) = functional::Backend::Auto;
+  /// Which keys each sequence's new tokens see (BlockMask): batch row s is the batch's s-th
+  /// sequence, query i its i-th new token, key j its j-th key (this step's included). Batch 1 or
+  /// the batch's sequences, heads 1 or num_heads, made for at least the step's most new tokens of
+  /// a sequence and its longest sequence: a tree of draft tokens over each cached prefix. See
+  /// functional::paged_attention.
+  TORCH_ARG(c10::optional<BlockMask>, block_mask) = c10::nullopt;
+  /// A score modification (ScoreMod); its tiles' batch is the sequence's place in the batch.
+  TORCH_ARG(c10::optional<ScoreMod>, score_mod) = c10::nullopt;
+};
+
 /// Multi-head attention as in Raschka's book (chapter 3): one projection for all heads,
 /// heads split with view/transpose, scaled dot-product attention, an output projection.
 ///
@@ -206,6 +222,28 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   torch::Tensor forward_paged(const torch::Tensor& x, PagedKVCache& cache, const PagedBatch& batch,
                               int64_t layer = 0,
                               functional::Backend backend = functional::Backend::Auto);
+
+  /// The same with a block mask and a score modification per sequence (PagedForwardOptions),
+  /// checked before anything is written.
+  ///
+  /// Example:
+  /// \code
+  /// torch::NoGradGuard no_grad;
+  /// attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(64, 64, 4));
+  /// attention::PagedKVCache cache(attention::PagedKVCacheOptions(32, 16, 4, 16));
+  /// int64_t a = cache.add_sequence();
+  /// mha->forward_paged(torch::randn({20, 64}), cache, cache.extend({a}, {20}));  // a prompt
+  /// // Four draft tokens on two branches of a tree: each sees the prompt and its own branch.
+  /// const auto tree = attention::BlockMask::from_function(
+  ///     [](int64_t, int64_t, int64_t i, int64_t j) {
+  ///       return j < 20 || (j - 20 <= i && (i - (j - 20)) % 2 == 0);
+  ///     },
+  ///     1, 1, 4, 24);
+  /// torch::Tensor y = mha->forward_paged(torch::randn({4, 64}), cache, cache.extend({a}, {4}),
+  ///                                      attention::PagedForwardOptions().block_mask(tree));
+  /// \endcode
+  torch::Tensor forward_paged(const torch::Tensor& x, PagedKVCache& cache, const PagedBatch& batch,
+                              const PagedForwardOptions& step);
 
   /// `mask`: the book's causal-mask buffer, which this module derives.
   std::vector<std::string> derived_buffer_names() const override { return {"mask"}; }

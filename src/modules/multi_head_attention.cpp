@@ -283,7 +283,14 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
 torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, PagedKVCache& cache,
                                                     const PagedBatch& batch, int64_t layer,
                                                     functional::Backend backend) {
+  return forward_paged(x, cache, batch, PagedForwardOptions().layer(layer).backend(backend));
+}
+
+torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, PagedKVCache& cache,
+                                                    const PagedBatch& batch,
+                                                    const PagedForwardOptions& step) {
   constexpr const char* kForwardPaged = "attention::MultiHeadAttention::forward_paged";
+  const int64_t layer = step.layer();
   using detail::shape_str;
   const auto& weight = W_query->weight;
   detail::check_module_input(x, options.d_in(), weight, kForwardPaged, "input");
@@ -329,6 +336,24 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
               kForwardPaged,
               ": is for inference: the cache holds no gradients; call it under "
               "torch::NoGradGuard");
+  if (step.block_mask()) {
+    // Checked here, before the cache is written: each sequence reads its row's top-left corner.
+    const BlockMask& blocks = *step.block_mask();
+    const int64_t count = static_cast<int64_t>(batch.sequences().size());
+    const auto starts = batch.query_starts();
+    const int64_t most =
+        count > 0 ? (starts.slice(0, 1) - starts.slice(0, 0, count)).max().item<int64_t>() : 0;
+    TORCH_CHECK_VALUE((blocks.batch() == 1 || blocks.batch() == count) &&
+                          (blocks.heads() == 1 || blocks.heads() == H),
+                      kForwardPaged, ": expected a block_mask of batch 1 or ", count,
+                      " (one row per sequence of the batch) and heads 1 or ", H, ", got batch ",
+                      blocks.batch(), " and heads ", blocks.heads());
+    TORCH_CHECK_VALUE(blocks.t_q() >= most && blocks.t_k() >= longest, kForwardPaged,
+                      ": expected a block_mask made for at least ", most, " queries and ", longest,
+                      " keys (the step's most new tokens of a sequence, its longest sequence), got "
+                      "one made for ",
+                      blocks.t_q(), " and ", blocks.t_k());
+  }
 
   const auto [q, k, v] =
       detail::project_qkv(W_query, W_key, W_value, x.unsqueeze(0), x.unsqueeze(0), &workspace_);
@@ -361,7 +386,9 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
                                   batch.query_starts(), batch.key_lengths(), batch.page_table(),
                                   variants(functional::ScaledDotProductAttentionOptions()
                                                .is_causal(options.causal())
-                                               .backend(backend)));
+                                               .block_mask(step.block_mask())
+                                               .score_mod(step.score_mod())
+                                               .backend(step.backend())));
   const auto context_vec = attended.reshape({total, options.d_out()});
   return out_proj ? detail::project(out_proj, context_vec.unsqueeze(0)).squeeze(0) : context_vec;
 }

@@ -6,6 +6,7 @@
 
 #include "gemm/blas.h"
 #include "kernels/cpu/exp.h"
+#include "kernels/cpu/soft_cap.h"
 #include "kernels/problem.h"
 #include "platform/compiler.h"
 
@@ -98,12 +99,6 @@ void apply_mask(const torch::Tensor& mask, int64_t offset, int64_t i0, int64_t j
     for (int64_t j = 0; j < cols; ++j) s[r * ld + j] += m[r * row_stride + j * col_stride];
   }
 }
-
-/// Soft-capping on a tile of scores `s` (row stride ld): cap * tanh(s / cap), with the slopes
-/// 1 - tanh^2 written to `slope` (row stride cols) when given. Built per instruction set, with a
-/// tanh the compiler vectorizes (float; within a few ulp of std::tanh); double calls std::tanh.
-void soft_cap(float* s, int64_t ld, int64_t rows, int64_t cols, float cap, float* slope);
-void soft_cap(double* s, int64_t ld, int64_t rows, int64_t cols, double cap, double* slope);
 
 /// The relative position bias on a tile of scores `s` (row stride ld): row r gains the bias by
 /// relative position from `at - r` on (the next query is one position further from each key).
