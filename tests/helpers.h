@@ -2,6 +2,8 @@
 
 // Small helpers shared by the test files.
 
+#include <attention/functional.h>
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
@@ -67,6 +69,21 @@ RandomSizes random_sizes(Rng& rng) {
   r.d = 16;
   r.dv = 8;
   return r;
+}
+
+// Option `option` of those the differential tests take in turn, added to `o` for scores (batch,
+// heads, ., t_k) of `dtype`: 1 causal, 2 causal with a window of 0 or 20 keys (from `pick`), 3
+// soft-capping, 4 ALiBi, 5 sinks, 6 a key padding mask; any other adds nothing.
+template <typename Pick>
+void add_option(attention::functional::ScaledDotProductAttentionOptions& o, int option,
+                int64_t batch, int64_t heads, int64_t t_k, torch::Dtype dtype, Pick& pick) {
+  namespace F = attention::functional;
+  if (option == 1) o.is_causal(true);
+  if (option == 2) o.is_causal(true).window_left(pick({0, 20}));
+  if (option == 3) o.softcap(3.0);
+  if (option == 4) o.alibi_slopes(F::alibi_slopes(heads).to(dtype));
+  if (option == 5) o.sinks(torch::randn({heads}, torch::TensorOptions().dtype(dtype)));
+  if (option == 6) o.attn_mask(torch::rand({batch, 1, 1, t_k}) < 0.2);
 }
 
 // Copies of a module's parameters, to check later that something left them as they were.

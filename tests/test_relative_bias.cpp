@@ -145,12 +145,7 @@ TEST_CASE("relative bias: the fused kernels equal Math on the dense bias, with e
         Options options;
         options.block_size(pick({16, 32, 64}));
         const int option = trial % 7;
-        if (option == 1) options.is_causal(true);
-        if (option == 2) options.is_causal(true).window_left(pick({0, 20}));
-        if (option == 3) options.softcap(3.0);
-        if (option == 4) options.alibi_slopes(F::alibi_slopes(heads).to(dtype));
-        if (option == 5) options.sinks(torch::randn({heads}, opts));
-        if (option == 6) options.attn_mask(torch::rand({batch, 1, 1, t_k}) < 0.2);
+        test::add_option(options, option, batch, heads, t_k, dtype, pick);
         if (trial % 3 == 0) options.causal_alignment(F::CausalAlignment::TopLeft);
         INFO("threads " << threads << ", trial " << trial << ": q " << q.sizes() << ", k "
                         << k.sizes() << ", max_distance " << max_distance << ", option " << option);

@@ -41,13 +41,7 @@ ScoreMod soft_cap(double cap) {
       });
 }
 
-// The relative position of each pair of a tile: key j minus the position of query i.
-torch::Tensor relative_positions(const torch::Tensor& s, const ScoreTile& t) {
-  const auto options = torch::TensorOptions().dtype(torch::kLong);
-  const auto queries = torch::arange(t.query_begin, t.query_begin + s.size(0), options);
-  const auto keys = torch::arange(t.key_begin, t.key_begin + s.size(1), options);
-  return keys.view({1, -1}) - (queries + t.query_offset).view({-1, 1});
-}
+using golden::relative_positions;
 
 // table[clamp(j - pos(i), -m, m) + m, head] added to each score: relative_bias with
 // RelativeBuckets::distance(m), written as a modification.
@@ -143,12 +137,7 @@ TEST_CASE("score_mod: the fused kernels equal Math with every option", "[score_m
         Options options;
         options.block_size(pick({16, 32, 64})).score_mod(wavy());
         const int option = trial % 9;
-        if (option == 1) options.is_causal(true);
-        if (option == 2) options.is_causal(true).window_left(pick({0, 20}));
-        if (option == 3) options.softcap(3.0);
-        if (option == 4) options.alibi_slopes(F::alibi_slopes(heads).to(dtype));
-        if (option == 5) options.sinks(torch::randn({heads}, opts));
-        if (option == 6) options.attn_mask(torch::rand({batch, 1, 1, t_k}) < 0.2);
+        test::add_option(options, option, batch, heads, t_k, dtype, pick);
         if (option == 7) {
           options.block_mask(attention::BlockMask::from_function(
               [](int64_t, int64_t h, int64_t i, int64_t j) { return (i + j + h) % 5 != 0; }, 1,

@@ -58,17 +58,12 @@ std::vector<Case> read_manifest(const std::string& dir) {
   return cases;
 }
 
-namespace {
-
-// The relative position of each pair of a score tile: key j minus the position of query i.
 torch::Tensor relative_positions(const torch::Tensor& s, const attention::ScoreTile& t) {
   const auto options = torch::TensorOptions().dtype(torch::kLong);
   const auto queries = torch::arange(t.query_begin, t.query_begin + s.size(0), options);
   const auto keys = torch::arange(t.key_begin, t.key_begin + s.size(1), options);
   return keys.view({1, -1}) - (queries + t.query_offset).view({-1, 1});
 }
-
-}  // namespace
 
 attention::ScoreMod score_mod_of(const std::string& name) {
   using attention::ScoreTile;

@@ -76,6 +76,10 @@ std::string path_name(attention::functional::Path path);
 /// the relative position j - pos(i) of the key; with its derivative. Throws for other names.
 attention::ScoreMod score_mod_of(const std::string& name);
 
+/// The relative position of each pair of a score tile (int64, the tile's shape): key j minus the
+/// position of query i.
+torch::Tensor relative_positions(const torch::Tensor& scores, const attention::ScoreTile& tile);
+
 /// With the parity kit's check_parity() (the case's tensors under the kit's names), runs forward
 /// (and, for a training case, backward) of `m` on the case's inputs and compares the
 /// output, the attention weights when the case has them, and the gradient of every floating input

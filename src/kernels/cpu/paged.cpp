@@ -360,7 +360,6 @@ class PagedForward {
   void row_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
                 int64_t j0, int64_t cols) const {
     const int64_t rows = p_.g * it.nq, d = p_.d, dv = p_.dv, ld = kScoresLd;
-    const std::vector<int64_t> no_mask;
     // Each row's columns: the keys of the tile it sees.
     int64_t lo = cols, hi = 0;
     for (int64_t r = 0; r < rows; ++r) {
@@ -487,7 +486,6 @@ class PagedForward {
     cpu::gemm<Acc>(false, false, padded, rows, d, Acc(1), w.keys, d, w.q_t, rows, Acc(0), w.s_t,
                    rows);
     cpu::transpose_scaled<Acc>(w.s_t, rows, cols, rows, Acc(1), w.s, ld);
-    const std::vector<int64_t> no_mask;
     for (int64_t r = 0; r < rows; ++r) {
       Acc* row = w.s + r * ld;
       if (modifies(ps))
