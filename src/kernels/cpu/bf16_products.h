@@ -2,12 +2,12 @@
 
 // Tile products on the processor's own bfloat16 dot products (AVX512_BF16's vdpbf16ps: in each
 // float lane, two bfloat16 products summed into a float accumulator, so twice the products of a
-// float multiply-add per instruction). The fused forward takes them for bfloat16 inputs where the
-// processor has them (kernels/cpu/forward.cpp); elsewhere bfloat16 is widened to float and runs the
-// float kernels. The products accumulate in float: a product of two bfloat16 values is exact in
-// float, so the only roundings beyond float's own are of the operands, the probabilities among them
-// (rounded once to bfloat16 before they weight the values, as PyTorch's CPU flash kernel and the
-// GPU flash kernels do).
+// float multiply-add per instruction). The fused forward and backward take them for bfloat16 inputs
+// where the processor has them (kernels/cpu/forward.cpp, kernels/cpu/backward.cpp); elsewhere
+// bfloat16 is widened to float and runs the float kernels. The products accumulate in float: a
+// product of two bfloat16 values is exact in float, so the only roundings beyond float's own are of
+// the operands, the probabilities among them (rounded once to bfloat16 before they weight the
+// values, as PyTorch's CPU flash kernel and the GPU flash kernels do).
 //
 // The instruction pairs two neighbours along the contracted dimension, so the right operand is
 // kept as pairs: a "pair row" p holds, for each column j, the 32-bit word of rows 2p and 2p + 1
@@ -37,9 +37,15 @@ struct Bf16Products {
   /// nearest even; NaN stays NaN.
   void (*round)(const float* in, int64_t ld_in, int64_t rows, int64_t cols, uint16_t* out,
                 int64_t ld_out);
+
+  /// The pair rows (as pack_row_pairs() makes them) of `in` (rows x cols floats, row stride
+  /// ld_in) rounded to bfloat16 as round() rounds: the backward's probabilities and score
+  /// gradients, contracted over their query rows.
+  void (*round_row_pairs)(const float* in, int64_t ld_in, int64_t rows, int64_t cols, uint32_t* out,
+                          int64_t ld_out);
 };
 
-/// The products the fused forward takes for bfloat16 in this process, decided once: AVX512_BF16's
+/// The products the fused kernels take for bfloat16 in this process, decided once: AVX512_BF16's
 /// where the processor has it, else nullptr (bfloat16 widened to float).
 /// ATTENTION_CPU_BF16=widened keeps the widened route on such a processor too (to compare the
 /// routes, and to test both on one machine); ATTENTION_CPU_VECTOR=portable or avx2 does as well.

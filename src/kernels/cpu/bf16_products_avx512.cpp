@@ -171,7 +171,31 @@ ATTENTION_AVX512_BF16 void round(const float* in, int64_t ld_in, int64_t rows, i
   }
 }
 
-constexpr Bf16Products kAvx512Bf16Products{"avx512_bf16", product, round};
+ATTENTION_AVX512_BF16 ATTENTION_ALWAYS_INLINE __m512i rounded_words(const float* in,
+                                                                    __mmask16 mask) {
+  const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, in));
+  return _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(rounded));
+}
+
+ATTENTION_AVX512_BF16 void round_row_pairs(const float* in, int64_t ld_in, int64_t rows,
+                                           int64_t cols, uint32_t* out, int64_t ld_out) {
+  for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
+    const float* low = in + 2 * p * ld_in;
+    const bool alone = 2 * p + 1 == rows;
+    uint32_t* to = out + p * ld_out;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const int64_t rest = std::min<int64_t>(16, cols - c);
+      const auto mask = static_cast<__mmask16>(rest == 16 ? 0xFFFF : (1u << rest) - 1);
+      __m512i words = rounded_words(low + c, mask);
+      if (!alone) {
+        words = _mm512_or_si512(words, _mm512_slli_epi32(rounded_words(low + ld_in + c, mask), 16));
+      }
+      _mm512_mask_storeu_epi32(to + c, mask, words);
+    }
+  }
+}
+
+constexpr Bf16Products kAvx512Bf16Products{"avx512_bf16", product, round, round_row_pairs};
 
 }  // namespace
 
