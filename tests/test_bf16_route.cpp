@@ -184,14 +184,53 @@ double bf16_forward_bound(const torch::Tensor& v) {
   return (std::ldexp(1.0, -8) + 1e-4) * v.abs().max().item<double>();
 }
 
+torch::Tensor wide(const torch::Tensor& t) {
+  return t.to(torch::kDouble);
+}
+
+// The largest error of `got` relative to the largest magnitude of `want`.
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  return (wide(got) - want).abs().max().item<double>() / want.abs().max().item<double>();
+}
+
+// The output and the gradients of q, k and v for `upstream`, by `attend` (q, k, v -> output).
+template <typename Attend>
+std::vector<torch::Tensor> with_gradients(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                          const torch::Tensor& upstream, Attend attend) {
+  q = q.detach().requires_grad_();
+  k = k.detach().requires_grad_();
+  v = v.detach().requires_grad_();
+  const torch::Tensor out = attend(q, k, v);
+  const auto grads = torch::autograd::grad({out}, {q, k, v}, {upstream});
+  return {out.detach(), grads[0], grads[1], grads[2]};
+}
+
+// The output within its bound, each gradient within 2^-7 of its largest value (as
+// test_chunked_backward.cpp asks of bfloat16's).
+void check_within_roundings(const std::vector<torch::Tensor>& got,
+                            const std::vector<torch::Tensor>& want, const torch::Tensor& v) {
+  REQUIRE(got[0].scalar_type() == torch::kBFloat16);
+  const double error = (wide(got[0]) - want[0]).abs().max().item<double>();
+  INFO("output error " << error);
+  CHECK(error <= bf16_forward_bound(v));
+  for (size_t g = 1; g < 4; ++g) {
+    INFO("gradient of "
+         << "-qkv"[g] << ": error " << relative_error(got[g], want[g]) << " of its largest value");
+    REQUIRE(got[g].scalar_type() == torch::kBFloat16);
+    CHECK(relative_error(got[g], want[g]) < 2.0 / 256);
+  }
+}
+
 }  // namespace
 
-TEST_CASE("the bfloat16 forward stays within its roundings of float64's result", "[chunked]") {
+TEST_CASE("the bfloat16 forward and backward stay within their roundings of float64's results",
+          "[chunked]") {
   if (cpu::bf16_products() == nullptr) WARN("on the widened route: no bfloat16 products here");
   torch::manual_seed(11);
   struct Shape {
     int64_t b, h, h_kv, t_q, t_k, d, dv, block;
   };
+  // Windows put the left edge of strips on odd keys too (the backward's keys paired from key 1).
   const Shape shapes[] = {{1, 2, 2, 70, 70, 64, 64, 64}, {2, 4, 2, 130, 150, 16, 8, 32},
                           {1, 1, 1, 33, 47, 7, 3, 16},   {1, 2, 1, 200, 200, 64, 64, 128},
                           {1, 3, 3, 5, 300, 1, 5, 64},   {2, 2, 2, 97, 97, 33, 65, 48}};
@@ -199,6 +238,7 @@ TEST_CASE("the bfloat16 forward stays within its roundings of float64's result",
     const auto q = torch::randn({s.b, s.h, s.t_q, s.d}).to(torch::kBFloat16);
     const auto k = torch::randn({s.b, s.h_kv, s.t_k, s.d}).to(torch::kBFloat16);
     const auto v = torch::randn({s.b, s.h_kv, s.t_k, s.dv}).to(torch::kBFloat16);
+    const auto upstream = torch::randn({s.b, s.h, s.t_q, s.dv}).to(torch::kBFloat16);
     const auto mask = torch::randn({s.t_q, s.t_k}).to(torch::kBFloat16);
     const std::vector<std::pair<const char*, Options>> variants = {
         {"plain", Options()},
@@ -210,23 +250,24 @@ TEST_CASE("the bfloat16 forward stays within its roundings of float64's result",
       INFO(name << ": B " << s.b << ", H " << s.h << "/" << s.h_kv << ", Tq " << s.t_q << ", Tk "
                 << s.t_k << ", d " << s.d << ", dv " << s.dv << ", block " << s.block);
       const auto options = Options(variant).backend(F::Backend::Chunked).block_size(s.block);
-      const auto got = F::scaled_dot_product_attention(q, k, v, options).output;
+      auto exact = Options(options).backend(F::Backend::Math);
+      if (variant.attn_mask().defined()) exact.attn_mask(wide(mask));
+      const auto attend = [](const Options& o) {
+        return [o](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+          return F::scaled_dot_product_attention(q, k, v, o).output;
+        };
+      };
+      const auto got = with_gradients(q, k, v, upstream, attend(options));
       CHECK(F::last_path() == F::Path::ChunkedFused);
-      REQUIRE(got.scalar_type() == torch::kBFloat16);
-      auto exact_options = Options(options).backend(F::Backend::Math);
-      if (variant.attn_mask().defined()) exact_options.attn_mask(mask.to(torch::kDouble));
-      const auto want = F::scaled_dot_product_attention(q.to(torch::kDouble), k.to(torch::kDouble),
-                                                        v.to(torch::kDouble), exact_options)
-                            .output;
-      const double error = (got.to(torch::kDouble) - want).abs().max().item<double>();
-      INFO("error " << error);
-      CHECK(error <= bf16_forward_bound(v));
+      check_within_roundings(
+          got, with_gradients(wide(q), wide(k), wide(v), wide(upstream), attend(exact)), v);
     }
   }
 }
 
 TEST_CASE("packed bfloat16 sequences stay within their roundings of float64's", "[chunked]") {
   torch::manual_seed(13);
+  // Sequences that start at odd rows: the transposed queries are read from odd columns.
   const std::vector<int64_t> lengths = {37, 0, 300, 1, 90};
   std::vector<int64_t> offsets = {0};
   for (const int64_t length : lengths) offsets.push_back(offsets.back() + length);
@@ -235,13 +276,19 @@ TEST_CASE("packed bfloat16 sequences stay within their roundings of float64's", 
   const auto q = torch::randn({total, 4, 24}).to(torch::kBFloat16);
   const auto k = torch::randn({total, 2, 24}).to(torch::kBFloat16);
   const auto v = torch::randn({total, 2, 40}).to(torch::kBFloat16);
+  const auto upstream = torch::randn({total, 4, 40}).to(torch::kBFloat16);
   const auto options =
       Options().is_causal(true).window_left(50).block_size(64).backend(F::Backend::Chunked);
-  const auto got = F::varlen_attention(q, k, v, cu_seqlens, cu_seqlens, options);
+  const auto attend = [&](const Options& o) {
+    return
+        [&cu_seqlens, o](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+          return F::varlen_attention(q, k, v, cu_seqlens, cu_seqlens, o);
+        };
+  };
+  const auto got = with_gradients(q, k, v, upstream, attend(options));
   CHECK(F::last_path() == F::Path::ChunkedFused);
-  REQUIRE(got.scalar_type() == torch::kBFloat16);
-  const auto want =
-      F::varlen_attention(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble),
-                          cu_seqlens, cu_seqlens, Options(options).backend(F::Backend::Math));
-  CHECK((got.to(torch::kDouble) - want).abs().max().item<double>() <= bf16_forward_bound(v));
+  check_within_roundings(got,
+                         with_gradients(wide(q), wide(k), wide(v), wide(upstream),
+                                        attend(Options(options).backend(F::Backend::Math))),
+                         v);
 }
