@@ -370,7 +370,9 @@ class Backward {
     cpu::pack_column_pairs(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.value_pairs(),
                            p_.block);
     cpu::pack_row_pairs(keys, k_.row_stride, cols, p_.d, w.key_rows[0], p_.d);
-    cpu::pack_row_pairs(keys + k_.row_stride, k_.row_stride, cols - 1, p_.d, w.key_rows[1], p_.d);
+    if (cols > 1) {  // paired from key 1, for strips that start at an odd key
+      cpu::pack_row_pairs(keys + k_.row_stride, k_.row_stride, cols - 1, p_.d, w.key_rows[1], p_.d);
+    }
     std::fill_n(w.dk_t, p_.d * p_.block, T(0));
     std::fill_n(w.dv_t, p_.dv * p_.block, T(0));
   }
@@ -399,7 +401,8 @@ class Backward {
     if (partial) blocks_.hide(h, i0, rows, j0, cols, s, cols);
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * row_ld_ + i0);
-    if constexpr (kBf16Products) {  // dv^T += dO^T P, dP = dO V^T
+    // dV^T += dO^T P, dP = dO V^T.
+    if constexpr (kBf16Products) {
       bf16_->round_row_pairs(prob, cols, rows, cols, w.prob_pairs, cols);
       bf16_->product(p_.dv, cols, rows, 1, bits(go_t_.row(h, 0) + i0), go_t_.row_stride,
                      w.prob_pairs, cols, true, w.dv_t + first, p_.block);
@@ -426,8 +429,8 @@ class Backward {
     if (cap_slope) {  // through softcap * tanh(s / softcap)
       for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
     }
-    if constexpr (kBf16Products) {  // dQ += dS K (keys in pairs from the strip's first), dK^T +=
-                                    // Q^T dS
+    // dQ += dS K (the keys paired from the strip's first key), dK^T += Q^T dS.
+    if constexpr (kBf16Products) {
       bf16_->round(dp, cols, rows, cols, w.ds, cols);
       bf16_->product(rows, p_.d, cols, 1, w.ds, cols, w.key_rows[first % 2] + first / 2 * p_.d,
                      p_.d, true, dq.row(h, i0), dq.row_stride);
