@@ -521,11 +521,13 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
     std::vector<cpu::Matrices<T>> dq;
     for (const auto& part : query_grads) dq.push_back(part.from_row(q0));
     parts.emplace_back(
-        one, typename Backward<T, In>::Sequence{
-                 queries.from_row(q0), keys.from_row(k0), values.from_row(k0),
-                 upstream.from_row(q0), queries_t.from_column(q0), upstream_t.from_column(q0),
-                 lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q, std::move(dq),
-                 key_grads.from_row(k0), value_grads.from_row(k0), relative});
+        one,
+        typename Backward<T, In>::Sequence{
+            queries.from_row(q0), keys.from_row(k0), values.from_row(k0), upstream.from_row(q0),
+            with_transposed ? queries_t.from_column(q0) : cpu::Matrices<In>(),
+            with_transposed ? upstream_t.from_column(q0) : cpu::Matrices<In>(),
+            lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q, std::move(dq),
+            key_grads.from_row(k0), value_grads.from_row(k0), relative});
     const int64_t part = static_cast<int64_t>(parts.size()) - 1;
     // The pairs of scores of the sequence's query heads, shared by its splits, and the key rows
     // that are written either way.
