@@ -40,7 +40,9 @@ then
 fi
 
 echo "bench_measure.sh: C++ ..." >&2
-"${bench[@]}" matmul article raschka raschka-train core-train decode >"$out/cpp.jsonl"
+"${bench[@]}" matmul article raschka raschka-train core-train decode dtypes >"$out/cpp.jsonl"
+# bfloat16 once more on the widened route, for the side-by-side ratio of the bfloat16 products.
+ATTENTION_CPU_BF16=widened "${bench[@]}" dtypes >>"$out/cpp.jsonl"
 # One process per long-context run: each reports its own peak memory. Python's run of the same
 # length follows at once, so that the two sides of a ratio are measured minutes apart at most.
 for t in "${lengths[@]}"; do

@@ -133,8 +133,10 @@ TEST_CASE("chunked backward: autograd through the module path takes the fused ke
 
 TEST_CASE("chunked backward: bfloat16 runs the fused kernels in float and follows float32",
           "[chunked]") {
-  // Inputs rounded to bfloat16 and widened back are the float32 problem the kernels solve; the
-  // only further error is one rounding of each result to bfloat16 (8 significant bits), so the
+  // Inputs rounded to bfloat16 and widened back are the float32 problem the kernels solve. On the
+  // widened route the only further error is one rounding of each result to bfloat16 (8
+  // significant bits); on the processor's bfloat16 products (kernels/cpu/bf16_products.h) each
+  // tile's probabilities and score gradients are rounded to bfloat16 once as well. Either way the
   // fused results stay within 2^-7 of float32 (relative to the largest value). The tiles, which
   // other devices take, round every intermediate to bfloat16, as the whole-matrix formula does in
   // bfloat16: they stay within the error of that formula (Math in bfloat16), which depends on how

@@ -39,8 +39,16 @@ CodeCache& generated_kernels() {
   return *kernels;
 }
 
+// The processor's instruction set, as libxsmm names it; AVX2 at most under
+// ATTENTION_CPU_VECTOR=avx2, so that the route of processors without AVX-512 can be measured whole
+// (the exponential passes and the generated products alike) on one that has it.
 int target_architecture() {
-  static const int architecture = libxsmm_cpuid_x86(nullptr);
+  static const int architecture = [] {
+    const int found = libxsmm_cpuid_x86(nullptr);
+    const char* vector = std::getenv("ATTENTION_CPU_VECTOR");
+    const bool avx2_asked = vector != nullptr && std::strcmp(vector, "avx2") == 0;
+    return avx2_asked ? std::min(found, LIBXSMM_X86_AVX2) : found;
+  }();
   return architecture;
 }
 

@@ -7,6 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 namespace attention {
 namespace kernels {
 namespace cpu {
@@ -16,6 +20,20 @@ namespace cpu {
 inline bool processor_has_avx512f() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   return __builtin_cpu_supports("avx512f") != 0;
+#else
+  return false;
+#endif
+}
+
+/// Whether the processor has AVX512_BF16 (vdpbf16ps, vcvtneps2bf16) with AVX-512F: AMD Zen 4 and
+/// later, Intel Cooper Lake and Sapphire Rapids on. Asked of CPUID (leaf 7, subleaf 1, EAX bit 5),
+/// which the compilers' __builtin_cpu_supports does not name in every version here.
+inline bool processor_has_avx512_bf16() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!processor_has_avx512f() || __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0)
+    return false;
+  return (eax >> 5 & 1u) != 0;
 #else
   return false;
 #endif

@@ -3,7 +3,9 @@
 //
 //   attention-bench [--threads N] [--repeats N] [--quick] GROUP...
 //   groups: matmul article raschka raschka-train core-train decode
-//           dtypes             (the attention core on Chunked in float32 and bfloat16)
+//           dtypes             (the attention core on Chunked and the Raschka module, float32
+//                               and bfloat16; with ATTENTION_CPU_BF16=widened in the
+//                               environment bfloat16's records are named `...bfloat16.widened`)
 //           long:IMPL:T        (IMPL chunked|math, one long-context measurement with its peak
 //                               memory; run it in a process of its own: the peak is the process's)
 //           long-train:IMPL:T  (the same for the forward and backward)
@@ -251,24 +253,29 @@ void bench_core_train() {
   }
 }
 
-// The attention core on Chunked (B=8, H=12, T=1024, head size 64, causal) in float32 and in
-// bfloat16, side by side: forward, and forward and backward. bfloat16 runs the fused kernels on
-// inputs widened to float (their accumulation type), so its time is float32's plus the widening
-// and the rounding of the results.
+// The attention core on Chunked (B=8, H=12, T=1024, head size 64, causal) and the Raschka module
+// (MultiHeadAttention, Auto) in float32 and in bfloat16, side by side: forward, and forward and
+// backward. bfloat16 takes the processor's bfloat16 products where it has them
+// (src/kernels/cpu/bf16_products.h), else runs the float kernels on widened inputs;
+// ATTENTION_CPU_BF16=widened forces the latter, and its records say so in their name.
 void bench_dtypes() {
   Raschka c;
   if (settings.quick) c = {2, 128, 64, 4};
+  const char* route = std::getenv("ATTENTION_CPU_BF16");
+  const std::string widened = route && std::string(route) == "widened" ? ".widened" : "";
   const double forward_gflop = 2.0 * c.b * c.h * c.t * c.t * (c.d / c.h) / 1e9;
   const double train_gflop = 3.5 * forward_gflop;  // backward 5 products to the forward's 2
+  const double module_gflop = mha_gflop(c.b, c.t, c.d, true);
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    const std::string impl =
-        std::string("cpp.core.chunked.") + (dtype == torch::kFloat ? "float32" : "bfloat16");
+    const std::string name = dtype == torch::kFloat ? "float32" : "bfloat16" + widened;
+    if (dtype == torch::kFloat && !widened.empty()) continue;  // float32 has one route
     torch::manual_seed(0);
     const auto make = [&] {
       return torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype).requires_grad_();
     };
     auto q = make(), k = make(), v = make();
     const auto upstream = torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype);
+    const std::string impl = "cpp.core.chunked." + name;
     progress("dtypes " + impl);
     const auto options =
         F::ScaledDotProductAttentionOptions().is_causal(true).backend(Backend::Chunked);
@@ -283,6 +290,24 @@ void bench_dtypes() {
         median_ms([&] { causal_train_step(q, k, v, upstream, Backend::Chunked); },
                   std::max(1, settings.repeats / 2));
     record("dtypes", impl, "forward+backward", c.t, train_ms, train_gflop);
+
+    attention::MultiHeadAttention mha(
+        attention::MultiHeadAttentionOptions(c.d, c.d, c.h).context_length(c.t));
+    mha->to(dtype);
+    const auto x = torch::randn({c.b, c.t, c.d}).to(dtype).requires_grad_();
+    const std::string module = "cpp.fused.auto." + name;
+    progress("dtypes " + module);
+    const double module_ms = median_ms(
+        [&] {
+          torch::NoGradGuard no_grad;
+          mha(x);
+        },
+        settings.repeats);
+    record("dtypes", module, "forward", c.t, module_ms, module_gflop);
+    const double module_train_ms = median_ms(
+        [&] { mha(x).output.sum().backward(); },  // as raschka-train: weights' gradients too
+        std::max(1, settings.repeats / 2));
+    record("dtypes", module, "forward+backward", c.t, module_train_ms, 3.0 * module_gflop);
   }
 }
 

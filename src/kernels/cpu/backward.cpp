@@ -9,10 +9,19 @@
 // Tiles above the causal diagonal are skipped; each tile is five products (gemm/blas.h; the key
 // block's keys and values transposed once for all of its tiles) and two vectorized element-wise
 // passes over a block of scores that stays in the cache.
+//
+// bfloat16 takes the processor's bfloat16 products where it has them (kernels/cpu/bf16_products.h),
+// as the forward does. Their right operand is kept in pairs along the contracted dimension, so the
+// products that contract over queries (the key and value gradients) are computed transposed, as
+// Q^T dS and dO^T P, into float buffers of the key block that are turned into its gradient rows
+// once at its end; queries and output gradients are transposed once per call for them. The
+// probabilities and score gradients are rounded to bfloat16 once per tile; every sum is in float.
 
 #include "kernels/chunked.h"
+#include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/softmax.h"
 #include "kernels/cpu/tile.h"
+#include "memory/empty_large.h"
 #include "memory/tile_pool.h"
 
 #include <ATen/Dispatch.h>
@@ -22,6 +31,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,6 +40,11 @@ namespace kernels {
 namespace {
 
 using torch::Tensor;
+
+// A bfloat16 pointer as the products take it: its bits.
+inline const uint16_t* bits(const c10::BFloat16* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
 
 // The probabilities of a tile of rows x cols scaled scores `s` (row stride cols), of which row r
 // sees its first valid + r columns when causal (all of them otherwise), from the rows' log-sum-exp
@@ -121,35 +136,48 @@ int64_t splits_per_head(const Problem& p, int64_t key_blocks) {
 
 // delta: each query row's dot product of its output and output gradient, (N * G, Tq), without
 // a temporary of the output's size.
-template <typename T>
+// T: delta's type; In: the output's and its gradient's (bfloat16, summed in float).
+template <typename T, typename In = T>
 void output_dots(const Problem& p, const Tensor& out, const Tensor& grad_out, Tensor& delta) {
-  const cpu::Matrices<T> o(out), g(grad_out);
+  const cpu::Matrices<In> o(out), g(grad_out);
   T* d = delta.data_ptr<T>();
   at::parallel_for(0, p.n * p.g * p.t_q, 256, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      const T* a = o.row(row / p.t_q, row % p.t_q);
-      const T* b = g.row(row / p.t_q, row % p.t_q);
+      const In* a = o.row(row / p.t_q, row % p.t_q);
+      const In* b = g.row(row / p.t_q, row % p.t_q);
       T sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < p.dv; ++c) sum += a[c] * b[c];
+      for (int64_t c = 0; c < p.dv; ++c) sum += static_cast<T>(a[c]) * static_cast<T>(b[c]);
       d[row] = sum;
     }
   });
 }
 
-template <typename T>
+// T: the scores, gradients and states. In: the queries, keys, values and output gradient, T itself
+// or bfloat16 on the bfloat16 products (then T is float, and the gradients are made in float).
+template <typename T, typename In = T>
 class Backward {
+  static constexpr bool kBf16Products = !std::is_same<T, In>::value;
+  static_assert(!kBf16Products ||
+                    (std::is_same<T, float>::value && std::is_same<In, c10::BFloat16>::value),
+                "the bfloat16 products take bfloat16 inputs and work in float");
+
  public:
   // lse and delta: (N * G, Tq), contiguous; dq_parts: one tensor per split shaped as q, zeros;
-  // dk and dv shaped as k and v, every row written here. Gradients have contiguous rows.
+  // dk and dv shaped as k and v, every row written here. Gradients have contiguous rows. On the
+  // bfloat16 products, `transposed` holds the queries and the output gradient with their last two
+  // dims swapped, contiguous.
   Backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
            const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
-           const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv)
+           const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv,
+           const std::pair<Tensor, Tensor>& transposed = {})
       : p_(p),
         q_(q),
         k_(k),
         v_(v),
         go_(grad_out),
+        q_t_(matrices_or_none(transposed.first)),
+        go_t_(matrices_or_none(transposed.second)),
         lse_(lse.data_ptr<T>()),
         delta_(delta.data_ptr<T>()),
         dq_(dq_parts.begin(), dq_parts.end()),
@@ -172,7 +200,7 @@ class Backward {
   // `relative`: the packed problem's relative_bias_by_position, which every sequence shares (its
   // gradient is summed from the threads' buffers by the caller).
   struct Sequence {
-    cpu::Matrices<T> q, k, v, grad_out;
+    cpu::Matrices<In> q, k, v, grad_out, q_t, grad_out_t;
     const T *lse, *delta;
     int64_t row_ld;
     std::vector<cpu::Matrices<T>> dq_parts;
@@ -187,6 +215,8 @@ class Backward {
         k_(std::move(s.k)),
         v_(std::move(s.v)),
         go_(std::move(s.grad_out)),
+        q_t_(std::move(s.q_t)),
+        go_t_(std::move(s.grad_out_t)),
         lse_(s.lse),
         delta_(s.delta),
         dq_(std::move(s.dq_parts)),
@@ -215,10 +245,17 @@ class Backward {
   // One thread's tiles, from memory kept between calls: scores, probabilities, the gradient of
   // the probabilities (then of the scores), with soft-capping the cap's slope, the key block's
   // with a score modification the scores it was applied to, the key block's keys (scaled) and
-  // values transposed, and a product before it is added to a gradient.
+  // values transposed, and a product before it is added to a gradient. On the bfloat16 products:
+  // the block's keys and values in pair rows of their features (where the transposed ones would
+  // be), its keys in pair rows of keys (from key 0 and from key 1, for strips that start at an odd
+  // key), a tile's probabilities and score gradients rounded (score gradients in rows and in pair
+  // rows), and the block's key and value gradients transposed, in float.
   struct TileBuffers {
     cpu::TileLease lease;
     T *s, *prob, *dp, *cap_slope, *score_in, *keys_t, *values_t, *product;
+    uint32_t *key_rows[2] = {nullptr, nullptr}, *prob_pairs = nullptr, *ds_pairs = nullptr;
+    uint16_t* ds = nullptr;
+    T *dk_t = nullptr, *dv_t = nullptr;
     // With a relative bias: the gradient of its bias by relative position from these tiles.
     std::vector<T> relative_grad;
     explicit TileBuffers(const Problem& p)
@@ -226,7 +263,8 @@ class Backward {
                     cpu::TileLease::tile_bytes<T>(p.block * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.d * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.dv * p.block) +
-                cpu::TileLease::tile_bytes<T>(p.block * std::max(p.d, p.dv))),
+                cpu::TileLease::tile_bytes<T>(p.block * std::max(p.d, p.dv)) +
+                (kBf16Products ? bf16_bytes(p) : 0)),
           s(lease.take<T>(p.block * p.block)),
           prob(lease.take<T>(p.block * p.block)),
           dp(lease.take<T>(p.block * p.block)),
@@ -238,7 +276,27 @@ class Backward {
           relative_grad(p.relative_bias.defined()
                             ? static_cast<size_t>(p.heads * p.relative_count())
                             : size_t{0},
-                        T(0)) {}
+                        T(0)) {
+      if (kBf16Products) {
+        for (auto*& rows : key_rows) rows = lease.take<uint32_t>(pair_rows(p) * p.d);
+        prob_pairs = lease.take<uint32_t>(pair_rows(p) * p.block);
+        ds_pairs = lease.take<uint32_t>(pair_rows(p) * p.block);
+        ds = lease.take<uint16_t>(p.block * p.block);
+        dk_t = lease.take<T>(p.d * p.block);
+        dv_t = lease.take<T>(p.dv * p.block);
+      }
+    }
+    static int64_t pair_rows(const Problem& p) { return (p.block + 1) / 2; }
+    static size_t bf16_bytes(const Problem& p) {
+      return 2 * cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.d) +
+             2 * cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.block) +
+             cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block) +
+             cpu::TileLease::tile_bytes<T>(p.d * p.block) +
+             cpu::TileLease::tile_bytes<T>(p.dv * p.block);
+    }
+    // The block's keys and values in pair rows of their features: they fit the transposed ones.
+    uint32_t* key_pairs() const { return reinterpret_cast<uint32_t*>(keys_t); }
+    uint32_t* value_pairs() const { return reinterpret_cast<uint32_t*>(values_t); }
   };
 
   // The key blocks split, split + splits, ... of key/value head kv.
@@ -254,16 +312,20 @@ class Backward {
     const int64_t cols = std::min(p_.block, p_.t_k - j0);
     T* dk = dk_.row(kv, j0);
     T* dv = dv_.row(kv, j0);
-    for (int64_t c = 0; c < cols; ++c) {
-      std::fill(dk + c * dk_.row_stride, dk + c * dk_.row_stride + p_.d, T(0));
-      std::fill(dv + c * dv_.row_stride, dv + c * dv_.row_stride + p_.dv, T(0));
+    if constexpr (kBf16Products) {
+      turn_bf16(kv, j0, cols, w);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        std::fill(dk + c * dk_.row_stride, dk + c * dk_.row_stride + p_.d, T(0));
+        std::fill(dv + c * dv_.row_stride, dv + c * dv_.row_stride + p_.dv, T(0));
+      }
+      // Turned once for every query block that sees them: the scores and the probabilities'
+      // gradient then read both operands along rows.
+      cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, cols, p_.d, static_cast<T>(p_.scale),
+                               w.keys_t, p_.block);
+      cpu::transpose_scaled<T>(v_.row(kv, j0), v_.row_stride, cols, p_.dv, T(1), w.values_t,
+                               p_.block);
     }
-    // Turned once for every query block that sees them: the scores and the probabilities'
-    // gradient then read both operands along rows.
-    cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, cols, p_.d, static_cast<T>(p_.scale),
-                             w.keys_t, p_.block);
-    cpu::transpose_scaled<T>(v_.row(kv, j0), v_.row_stride, cols, p_.dv, T(1), w.values_t,
-                             p_.block);
     // The queries that see a key of the block (causal: query i sees keys j <= i + diagonal;
     // a window: keys j >= i + left_diagonal).
     // With a block mask, query blocks lie on the lattice of block multiples, as the forward's
@@ -292,6 +354,27 @@ class Backward {
         }
       }
     }
+    if constexpr (kBf16Products) {  // the block's gradients, from their transposes
+      for (int64_t c = 0; c < cols; ++c) {
+        for (int64_t f = 0; f < p_.d; ++f) dk[c * dk_.row_stride + f] = w.dk_t[f * p_.block + c];
+        for (int64_t f = 0; f < p_.dv; ++f) dv[c * dv_.row_stride + f] = w.dv_t[f * p_.block + c];
+      }
+    }
+  }
+
+  // The key block of `cols` keys from j0 as the bfloat16 products read it, once for every query
+  // block that sees it, and its transposed gradients zeroed.
+  void turn_bf16(int64_t kv, int64_t j0, int64_t cols, TileBuffers& w) const {
+    const uint16_t* keys = bits(k_.row(kv, j0));
+    cpu::pack_column_pairs(keys, k_.row_stride, cols, p_.d, w.key_pairs(), p_.block);
+    cpu::pack_column_pairs(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.value_pairs(),
+                           p_.block);
+    cpu::pack_row_pairs(keys, k_.row_stride, cols, p_.d, w.key_rows[0], p_.d);
+    if (cols > 1) {  // paired from key 1, for strips that start at an odd key
+      cpu::pack_row_pairs(keys + k_.row_stride, k_.row_stride, cols - 1, p_.d, w.key_rows[1], p_.d);
+    }
+    std::fill_n(w.dk_t, p_.d * p_.block, T(0));
+    std::fill_n(w.dv_t, p_.dv * p_.block, T(0));
   }
 
   // Queries [i0, i0 + rows) of query head h against keys [block + first, block + first + cols)
@@ -302,21 +385,35 @@ class Backward {
             TileBuffers& w) const {
     const T scale = static_cast<T>(p_.scale);
     const int64_t j0 = block + first;
-    const T* q = q_.row(h, i0);
-    const T* k = k_.row(kv, j0);
-    const T* go = go_.row(h, i0);
+    const In* q = q_.row(h, i0);
+    const In* k = k_.row(kv, j0);
+    const In* go = go_.row(h, i0);
     T *s = w.s, *prob = w.prob, *dp = w.dp, *cap_slope = w.cap_slope;
-    cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q, q_.row_stride, w.keys_t + first, p_.block, 0,
-                 s, cols);
+    if constexpr (kBf16Products) {
+      bf16_->product(rows, cols, p_.d, scale, bits(q), q_.row_stride, w.key_pairs() + first,
+                     p_.block, false, s, cols);
+    } else {
+      cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q, q_.row_stride, w.keys_t + first, p_.block,
+                   0, s, cols);
+    }
     cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope,
                            relative_.defined() ? relative_.data_ptr<T>() : nullptr, w.score_in);
     if (partial) blocks_.hide(h, i0, rows, j0, cols, s, cols);
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * row_ld_ + i0);
-    cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv,
-                 dv_.row_stride, w.product);
-    cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, go, go_.row_stride, w.values_t + first,
-                 p_.block, 0, dp, cols);
+    // dV^T += dO^T P, dP = dO V^T.
+    if constexpr (kBf16Products) {
+      bf16_->round_row_pairs(prob, cols, rows, cols, w.prob_pairs, cols);
+      bf16_->product(p_.dv, cols, rows, 1, bits(go_t_.row(h, 0) + i0), go_t_.row_stride,
+                     w.prob_pairs, cols, true, w.dv_t + first, p_.block);
+      bf16_->product(rows, cols, p_.dv, 1, bits(go), go_.row_stride, w.value_pairs() + first,
+                     p_.block, false, dp, cols);
+    } else {
+      cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv,
+                   dv_.row_stride, w.product);
+      cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, go, go_.row_stride, w.values_t + first,
+                   p_.block, 0, dp, cols);
+    }
     // With a relative bias or a score modification the gradient of the scores themselves is
     // wanted first: the scale is applied after the bias's gradient by relative position has
     // taken it, and after the modification's derivative.
@@ -332,14 +429,31 @@ class Backward {
     if (cap_slope) {  // through softcap * tanh(s / softcap)
       for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
     }
-    cpu::gemm<T>(false, false, rows, p_.d, cols, 1, dp, cols, k, k_.row_stride, 1, dq.row(h, i0),
-                 dq.row_stride, w.product);
-    cpu::gemm<T>(true, false, cols, p_.d, rows, 1, dp, cols, q, q_.row_stride, 1, dk,
-                 dk_.row_stride, w.product);
+    // dQ += dS K (the keys paired from the strip's first key), dK^T += Q^T dS.
+    if constexpr (kBf16Products) {
+      bf16_->round(dp, cols, rows, cols, w.ds, cols);
+      bf16_->product(rows, p_.d, cols, 1, w.ds, cols, w.key_rows[first % 2] + first / 2 * p_.d,
+                     p_.d, true, dq.row(h, i0), dq.row_stride);
+      bf16_->round_row_pairs(dp, cols, rows, cols, w.ds_pairs, cols);
+      bf16_->product(p_.d, cols, rows, 1, bits(q_t_.row(h, 0) + i0), q_t_.row_stride, w.ds_pairs,
+                     cols, true, w.dk_t + first, p_.block);
+    } else {
+      cpu::gemm<T>(false, false, rows, p_.d, cols, 1, dp, cols, k, k_.row_stride, 1, dq.row(h, i0),
+                   dq.row_stride, w.product);
+      cpu::gemm<T>(true, false, cols, p_.d, rows, 1, dp, cols, q, q_.row_stride, 1, dk,
+                   dk_.row_stride, w.product);
+    }
+  }
+
+  static cpu::Matrices<In> matrices_or_none(const Tensor& t) {
+    return t.defined() ? cpu::Matrices<In>(t) : cpu::Matrices<In>();
   }
 
   const Problem& p_;
-  cpu::Matrices<T> q_, k_, v_, go_;
+  const cpu::Bf16Products* bf16_ = kBf16Products ? cpu::bf16_products() : nullptr;
+  cpu::Matrices<In> q_, k_, v_, go_;
+  // On the bfloat16 products: the queries and the output gradient transposed (features by rows).
+  cpu::Matrices<In> q_t_, go_t_;
   const T* lse_;
   const T* delta_;
   std::vector<cpu::Matrices<T>> dq_;
@@ -374,13 +488,19 @@ int64_t packed_splits(const Problem& p) {
 // without queries).
 // Returns the gradient of the relative bias by relative position, summed over the threads'
 // buffers; undefined without a table.
-template <typename T>
+template <typename T, typename In>
 Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
-                  const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv) {
+                  const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv,
+                  const std::pair<Tensor, Tensor>& transposed) {
   const Sequences& sequences = *p.sequences;
-  const cpu::Matrices<T> queries(q), keys(k), values(v), upstream(grad_out), key_grads(dk),
-      value_grads(dv);
+  const cpu::Matrices<In> queries(q), keys(k), values(v), upstream(grad_out);
+  const cpu::Matrices<T> key_grads(dk), value_grads(dv);
+  const bool with_transposed = transposed.first.defined();
+  const cpu::Matrices<In> queries_t =
+      with_transposed ? cpu::Matrices<In>(transposed.first) : cpu::Matrices<In>();
+  const cpu::Matrices<In> upstream_t =
+      with_transposed ? cpu::Matrices<In>(transposed.second) : cpu::Matrices<In>();
   const std::vector<cpu::Matrices<T>> query_grads(dq_parts.begin(), dq_parts.end());
   const int64_t splits = static_cast<int64_t>(dq_parts.size());
   struct Item {
@@ -389,7 +509,7 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
   };
   const Tensor relative = relative_bias_by_position(p, c10::CppTypeToScalarType<T>::value);
   std::vector<Problem> problems;  // each part's problem, which its Backward refers to
-  std::vector<Backward<T>> parts;
+  std::vector<Backward<T, In>> parts;
   problems.reserve(sequences.count());
   parts.reserve(sequences.count());
   std::vector<Item> items;
@@ -401,10 +521,13 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
     std::vector<cpu::Matrices<T>> dq;
     for (const auto& part : query_grads) dq.push_back(part.from_row(q0));
     parts.emplace_back(
-        one, typename Backward<T>::Sequence{
-                 queries.from_row(q0), keys.from_row(k0), values.from_row(k0),
-                 upstream.from_row(q0), lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q,
-                 std::move(dq), key_grads.from_row(k0), value_grads.from_row(k0), relative});
+        one,
+        typename Backward<T, In>::Sequence{
+            queries.from_row(q0), keys.from_row(k0), values.from_row(k0), upstream.from_row(q0),
+            with_transposed ? queries_t.from_column(q0) : cpu::Matrices<In>(),
+            with_transposed ? upstream_t.from_column(q0) : cpu::Matrices<In>(),
+            lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q, std::move(dq),
+            key_grads.from_row(k0), value_grads.from_row(k0), relative});
     const int64_t part = static_cast<int64_t>(parts.size()) - 1;
     // The pairs of scores of the sequence's query heads, shared by its splits, and the key rows
     // that are written either way.
@@ -422,11 +545,11 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
   Tensor relative_sum = relative.defined() ? torch::zeros_like(relative) : Tensor();
   std::mutex relative_mutex;
   cpu::run_dearest_first(
-      items, [&] { return typename Backward<T>::TileBuffers(p); },
-      [&](const Item& item, typename Backward<T>::TileBuffers& w) {
+      items, [&] { return typename Backward<T, In>::TileBuffers(p); },
+      [&](const Item& item, typename Backward<T, In>::TileBuffers& w) {
         parts[item.part].keys(item.kv, item.split, w);
       },
-      [&](typename Backward<T>::TileBuffers& w) {
+      [&](typename Backward<T, In>::TileBuffers& w) {
         if (w.relative_grad.empty()) return;
         // Each thread kept its own gradient by relative position: added once, in turn.
         std::lock_guard<std::mutex> lock(relative_mutex);
@@ -436,13 +559,43 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
   return relative_sum;
 }
 
+// The gradients of `p` from inputs of In into dq_parts, dk and dv of T (see cpu_backward).
+template <typename T, typename In = T>
+void run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+         const Tensor& go, const Tensor& lse_rows, const std::vector<Tensor>& dq_parts,
+         const Tensor& dk, const Tensor& dv, Tensor* relative_grad) {
+  Tensor delta = torch::empty({p.n * p.g, p.t_q}, q.options().dtype(lse_rows.scalar_type()));
+  output_dots<T, In>(p, o, go, delta);
+  // The bfloat16 products contract over queries with the queries and the output gradient
+  // transposed, once for every key block (in memory the large-buffer cache keeps between calls).
+  std::pair<Tensor, Tensor> transposed;
+  if (!std::is_same<T, In>::value) {
+    const auto transpose = [](const Tensor& t) {
+      auto sizes = t.sizes().vec();
+      std::swap(sizes[sizes.size() - 1], sizes[sizes.size() - 2]);
+      return detail::empty_large(sizes, t.options()).copy_(t.transpose(-1, -2));
+    };
+    transposed = {transpose(q), transpose(go)};
+  }
+  if (p.packed()) {
+    const Tensor sum =
+        run_packed<T, In>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv, transposed);
+    if (relative_grad) *relative_grad = sum;
+  } else {
+    Backward<T, In> backward(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv, transposed);
+    backward.run();
+    if (relative_grad) *relative_grad = backward.relative_gradient();
+  }
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& query,
                                                 const Tensor& key, const Tensor& value,
                                                 const Tensor& out, const Tensor& lse,
                                                 const Tensor& grad_out, Tensor* relative_grad) {
-  if (cpu::widened_to_float(query)) {
+  const bool bf16_products = cpu::widened_to_float(query) && cpu::bf16_products() != nullptr;
+  if (cpu::widened_to_float(query) && !bf16_products) {
     auto [dq, dk, dv] = cpu_backward(cpu::with_float_mask(p), cpu::widened(query),
                                      cpu::widened(key), cpu::widened(value), cpu::widened(out),
                                      cpu::widened(lse), cpu::widened(grad_out), relative_grad);
@@ -452,30 +605,30 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
   const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
                v = cpu::rows_contiguous(value);
   const Tensor go = cpu::rows_contiguous(grad_out), o = cpu::rows_contiguous(out);
-  Tensor delta = torch::empty({p.n * p.g, p.t_q}, q.options());
   const Tensor lse_rows = lse.reshape({p.n * p.g, p.t_q}).contiguous();
   const int64_t splits =
       p.packed() ? packed_splits(p) : splits_per_head(p, (p.t_k + p.block - 1) / p.block);
   // The gradients are fresh tensors on every call (autograd keeps them), in the memory layout
   // of their inputs: heads split from a (B, T, H * d) projection by a view get gradients that
-  // fold back into it without a copy. Large ones on huge pages (cpu::empty_in_layout_of).
+  // fold back into it without a copy. Large ones on huge pages (cpu::empty_in_layout_of). On the
+  // bfloat16 products they are made in float and rounded once.
+  const auto dtype = bf16_products ? at::kFloat : q.scalar_type();
   std::vector<Tensor> dq_parts(splits);
-  for (auto& part : dq_parts) part = cpu::empty_in_layout_of(q, q.sizes()).zero_();
-  const Tensor dk = cpu::empty_in_layout_of(k, k.sizes());
-  const Tensor dv = cpu::empty_in_layout_of(v, v.sizes());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_backward", [&] {
-    output_dots<scalar_t>(p, o, go, delta);
-    if (p.packed()) {
-      const Tensor sum = run_packed<scalar_t>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv);
-      if (relative_grad) *relative_grad = sum;
-    } else {
-      Backward<scalar_t> backward(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv);
-      backward.run();
-      if (relative_grad) *relative_grad = backward.relative_gradient();
-    }
-  });
+  for (auto& part : dq_parts) part = cpu::empty_in_layout_of(q, q.sizes(), dtype).zero_();
+  const Tensor dk = cpu::empty_in_layout_of(k, k.sizes(), dtype);
+  const Tensor dv = cpu::empty_in_layout_of(v, v.sizes(), dtype);
+  if (bf16_products) {
+    run<float, c10::BFloat16>(cpu::with_float_mask(p), q, k, v, o, go, lse_rows, dq_parts, dk, dv,
+                              relative_grad);
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_backward", [&] {
+      run<scalar_t>(p, q, k, v, o, go, lse_rows, dq_parts, dk, dv, relative_grad);
+    });
+  }
   for (int64_t s = 1; s < splits; ++s) dq_parts[0].add_(dq_parts[s]);
-  return {dq_parts[0], dk, dv};
+  if (!bf16_products) return {dq_parts[0], dk, dv};
+  const auto low = query.scalar_type();
+  return {cpu::converted(dq_parts[0], low), cpu::converted(dk, low), cpu::converted(dv, low)};
 }
 
 }  // namespace kernels

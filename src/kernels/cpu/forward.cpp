@@ -9,9 +9,13 @@
 // with AVX-512's or AVX2's intrinsics where the processor has them: kernels/cpu/softmax.h).
 // Queries, keys and values are read in place through their strides, so heads split by a
 // view/transpose are not copied, and the output is written in the queries' memory layout.
+// bfloat16 takes the processor's bfloat16 products where it has them (kernels/cpu/bf16_products.h):
+// the same loop over float scores and states, with keys and values packed in pairs as the products
+// read them, and each tile's probabilities rounded to bfloat16 before they weight the values.
 
 #include "gemm/small_gemm.h"
 #include "kernels/chunked.h"
+#include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/softmax_step.h"
 #include "kernels/cpu/tile.h"
 #include "memory/tile_pool.h"
@@ -23,6 +27,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -33,8 +38,20 @@ namespace {
 using cpu::Matrices;
 using torch::Tensor;
 
-template <typename T>
+// A bfloat16 pointer as the products take it: its bits.
+inline const uint16_t* bits(const c10::BFloat16* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
+
+// T: the scores, the softmax's states and the output. In: the queries, keys and values, T itself
+// or bfloat16 on the bfloat16 products (then T is float).
+template <typename T, typename In = T>
 class Forward {
+  static constexpr bool kBf16Products = !std::is_same<T, In>::value;
+  static_assert(!kBf16Products ||
+                    (std::is_same<T, float>::value && std::is_same<In, c10::BFloat16>::value),
+                "the bfloat16 products take bfloat16 inputs and work in float");
+
  public:
   Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
           Tensor& lse)
@@ -53,8 +70,8 @@ class Forward {
   // One sequence of a packed problem: `one` is its problem (Problem::sequence), the matrices
   // start at its first query and key row, and its log-sum-exp rows (if any) lie lse_ld apart.
   // `relative`: the packed problem's relative_bias_by_position, which every sequence shares.
-  Forward(const Problem& one, Matrices<T> q, Matrices<T> k, Matrices<T> v, Matrices<T> out, T* lse,
-          int64_t lse_ld, const Tensor& relative)
+  Forward(const Problem& one, Matrices<In> q, Matrices<In> k, Matrices<In> v, Matrices<T> out,
+          T* lse, int64_t lse_ld, const Tensor& relative)
       : p_(one),
         q_(std::move(q)),
         k_(std::move(k)),
@@ -93,20 +110,36 @@ class Forward {
   // One thread's buffers, reused for every item it takes, from memory kept between calls: the
   // scores, each row's running maximum and sum for the query blocks of a group, the key block's
   // keys transposed (and scaled), and a tile's weighted values before they are added to the
-  // accumulated ones. The accumulated values are the output's own rows.
+  // accumulated ones. The accumulated values are the output's own rows. On the bfloat16
+  // products: the keys in pair rows (where the transposed keys would be), the values in pair
+  // rows, and a tile's probabilities rounded to bfloat16.
   struct TileBuffers {
     cpu::TileLease lease;
     T *scores, *max, *sum, *keys_t, *product;
+    uint32_t* value_pairs = nullptr;
+    uint16_t* probabilities = nullptr;
     TileBuffers(const Problem& p, int64_t group)
         : lease(2 * cpu::TileLease::tile_bytes<T>(group * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.d * p.block) +
-                cpu::TileLease::tile_bytes<T>(p.block * p.dv)),
+                cpu::TileLease::tile_bytes<T>(p.block * p.dv) +
+                (kBf16Products ? cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.dv) +
+                                     cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block)
+                               : 0)),
           scores(lease.take<T>(p.block * p.block)),
           max(lease.take<T>(group * p.block)),
           sum(lease.take<T>(group * p.block)),
           keys_t(lease.take<T>(p.d * p.block)),
-          product(lease.take<T>(p.block * p.dv)) {}
+          product(lease.take<T>(p.block * p.dv)) {
+      if (kBf16Products) {
+        value_pairs = lease.take<uint32_t>(pair_rows(p) * p.dv);
+        probabilities = lease.take<uint16_t>(p.block * p.block);
+      }
+    }
+    // The pair rows of a key block's values.
+    static int64_t pair_rows(const Problem& p) { return (p.block + 1) / 2; }
+    // The key block's keys in pair rows: ceil(d / 2) rows of block words fit the transposed keys.
+    uint32_t* key_pairs() const { return reinterpret_cast<uint32_t*>(keys_t); }
   };
 
   // The running state of one query block's rows: accumulated values (in the output, rows
@@ -130,9 +163,7 @@ class Forward {
       if (blocks_.defined() && hidden_from_all(h, i0, rows, j0, std::min(p_.block, keys - j0))) {
         continue;
       }
-      // The scores read both operands along rows: the keys turned once for the group's tiles.
-      cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, std::min(p_.block, keys - j0), p_.d,
-                               static_cast<T>(p_.scale), w.keys_t, p_.block);
+      turn(kv, j0, std::min(p_.block, keys - j0), w);
       for (int64_t b = 0; b < count; ++b) {
         const int64_t offset = b * p_.block;
         const Rows state{out_.row(h, i0 + offset), out_.row_stride, w.max + offset, w.sum + offset};
@@ -150,6 +181,20 @@ class Forward {
   }
 
  private:
+  // The key block of `cols` keys from j0, turned once for the group's tiles. The scores read both
+  // operands along rows: the keys transposed, with the scale folded in. The bfloat16 products
+  // read keys and values in pair rows, and apply the scale to the scores.
+  void turn(int64_t kv, int64_t j0, int64_t cols, TileBuffers& w) const {
+    if constexpr (kBf16Products) {
+      cpu::pack_column_pairs(bits(k_.row(kv, j0)), k_.row_stride, cols, p_.d, w.key_pairs(),
+                             p_.block);
+      cpu::pack_row_pairs(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.value_pairs, p_.dv);
+    } else {
+      cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, cols, p_.d, static_cast<T>(p_.scale),
+                               w.keys_t, p_.block);
+    }
+  }
+
   // Whether the block mask hides the keys [j0, j0 + cols) from every query block of the group
   // [i0, i0 + rows): then nothing turns them.
   bool hidden_from_all(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
@@ -204,19 +249,33 @@ class Forward {
             int64_t cols, int64_t ld, int64_t seen, bool partial, const Rows& state, T* scores,
             const TileBuffers& w) const {
     const int64_t j0 = block + from;
-    cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q_.row(h, i), q_.row_stride, w.keys_t + from,
-                 p_.block, 0, scores, ld);
+    if constexpr (kBf16Products) {
+      bf16_->product(rows, cols, p_.d, static_cast<float>(p_.scale), bits(q_.row(h, i)),
+                     q_.row_stride, w.key_pairs() + from, p_.block, false, scores, ld);
+    } else {
+      cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q_.row(h, i), q_.row_stride, w.keys_t + from,
+                   p_.block, 0, scores, ld);
+    }
     cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr,
                            relative_.defined() ? relative_.data_ptr<T>() : nullptr);
     if (partial) blocks_.hide(h, i, rows, j0, cols, scores, ld);
     cpu::online_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, state.max, state.sum,
                              state.acc, p_.dv, state.acc_ld);
-    cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
-                 state.acc, state.acc_ld, w.product);
+    if constexpr (kBf16Products) {
+      // `from` is a multiple of the granule, so its keys start a pair row.
+      bf16_->round(scores, ld, rows, cols, w.probabilities, p_.block);
+      bf16_->product(rows, p_.dv, cols, 1, w.probabilities, p_.block,
+                     w.value_pairs + from / 2 * p_.dv, p_.dv, true, state.acc, state.acc_ld);
+    } else {
+      cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
+                   state.acc, state.acc_ld, w.product);
+    }
   }
 
   const Problem& p_;
-  Matrices<T> q_, k_, v_, out_;
+  const cpu::Bf16Products* bf16_ = kBf16Products ? cpu::bf16_products() : nullptr;
+  Matrices<In> q_, k_, v_;
+  Matrices<T> out_;
   T* lse_;
   int64_t lse_ld_;
   std::vector<int64_t> mask_at_;
@@ -226,11 +285,12 @@ class Forward {
 
 // A packed problem: each sequence's query blocks as a one-sequence Forward computes them. Work
 // items are (sequence, query head, up to four query blocks), taken dearest first.
-template <typename T>
+template <typename T, typename In>
 void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                 const Tensor& out, const Tensor& lse) {
   const Sequences& sequences = *p.sequences;
-  const Matrices<T> queries(q), keys(k), values(v), outputs(out);
+  const Matrices<In> queries(q), keys(k), values(v);
+  const Matrices<T> outputs(out);
   T* lse_data = lse.defined() ? lse.data_ptr<T>() : nullptr;
   const int64_t threads = at::get_num_threads();
   int64_t blocks = 0;
@@ -238,7 +298,7 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
     blocks += (sequences.queries(s) + p.block - 1) / p.block;
   }
   const int64_t group =
-      std::clamp<int64_t>(p.n * p.g * blocks / (8 * threads), 1, Forward<T>::kMaxGroup);
+      std::clamp<int64_t>(p.n * p.g * blocks / (8 * threads), 1, Forward<T, In>::kMaxGroup);
   const Tensor relative = relative_bias_by_position(p, c10::CppTypeToScalarType<T>::value);
 
   struct Item {
@@ -246,7 +306,7 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
     double cost;
   };
   std::vector<Problem> problems;  // each part's problem, which its Forward refers to
-  std::vector<Forward<T>> parts;
+  std::vector<Forward<T, In>> parts;
   problems.reserve(sequences.count());
   parts.reserve(sequences.count());
   std::vector<Item> items;
@@ -271,10 +331,21 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
     }
   }
   cpu::run_dearest_first(
-      items, [&] { return typename Forward<T>::TileBuffers(p, group); },
-      [&](const Item& item, typename Forward<T>::TileBuffers& w) {
+      items, [&] { return typename Forward<T, In>::TileBuffers(p, group); },
+      [&](const Item& item, typename Forward<T, In>::TileBuffers& w) {
         parts[item.part].query_blocks(item.h, item.first, item.count, w);
       });
+}
+
+// The forward of `p` into `out` (and `lse`, where defined), both of T, from inputs of In.
+template <typename T, typename In = T>
+void run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+         Tensor& lse) {
+  if (p.packed()) {
+    run_packed<T, In>(p, q, k, v, out, lse);
+  } else {
+    Forward<T, In>(p, q, k, v, out, lse).run();
+  }
 }
 
 }  // namespace
@@ -287,6 +358,19 @@ bool fused_cpu_applies(const Tensor& query) {
 
 std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, const Tensor& key,
                                       const Tensor& value, bool with_lse) {
+  if (cpu::widened_to_float(query) && cpu::bf16_products()) {
+    // The inputs are read as they are; the output is made in float and rounded once.
+    const Problem float_problem = cpu::with_float_mask(p);
+    const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
+                 v = cpu::rows_contiguous(value);
+    auto sizes = q.sizes().vec();
+    sizes.back() = p.dv;
+    Tensor out = cpu::empty_in_layout_of(q, sizes, at::kFloat);
+    Tensor lse =
+        with_lse ? torch::empty({p.n, p.g, p.t_q}, q.options().dtype(at::kFloat)) : Tensor();
+    run<float, c10::BFloat16>(float_problem, q, k, v, out, lse);
+    return {cpu::converted(out, query.scalar_type()), lse};
+  }
   if (cpu::widened_to_float(query)) {
     auto [out, lse] = cpu_forward(cpu::with_float_mask(p), cpu::widened(query), cpu::widened(key),
                                   cpu::widened(value), with_lse);
@@ -299,13 +383,8 @@ std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, con
   sizes.back() = p.dv;
   Tensor out = cpu::empty_in_layout_of(q, sizes);
   Tensor lse = with_lse ? torch::empty({p.n, p.g, p.t_q}, q.options()) : Tensor();
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_forward", [&] {
-    if (p.packed()) {
-      run_packed<scalar_t>(p, q, k, v, out, lse);
-    } else {
-      Forward<scalar_t>(p, q, k, v, out, lse).run();
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention::kernels::cpu_forward",
+                             [&] { run<scalar_t>(p, q, k, v, out, lse); });
   return {out, lse};
 }
 

@@ -68,6 +68,7 @@ struct Matrices {
   T* data;
   std::vector<int64_t> at;
   int64_t row_stride;
+  Matrices() : data(nullptr), row_stride(0) {}
   explicit Matrices(const torch::Tensor& t)
       : data(t.data_ptr<T>()), at(matrix_offsets(t)), row_stride(t.stride(-2)) {}
   T* row(int64_t index, int64_t r) const { return data + at[index] + r * row_stride; }
@@ -75,6 +76,12 @@ struct Matrices {
   Matrices from_row(int64_t r) const {
     Matrices rest = *this;
     rest.data += r * row_stride;
+    return rest;
+  }
+  /// The same matrices from column c on: a packed sequence's positions in transposed matrices.
+  Matrices from_column(int64_t c) const {
+    Matrices rest = *this;
+    rest.data += c;
     return rest;
   }
 };

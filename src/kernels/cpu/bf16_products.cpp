@@ -1,0 +1,61 @@
+// The choice of bfloat16 products and the packing of their right operands
+// (kernels/cpu/bf16_products.h): plain loops, which the compiler vectorizes where it can; a key
+// or value block is packed once for all the query rows that read it.
+
+#include "kernels/cpu/bf16_products.h"
+#include "platform/cpu_features.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace attention {
+namespace kernels {
+namespace cpu {
+
+namespace {
+
+bool widened_asked() {
+  const char* bf16 = std::getenv("ATTENTION_CPU_BF16");
+  if (bf16 != nullptr && std::strcmp(bf16, "widened") == 0) return true;
+  // The narrower vector routes have no bfloat16 products either.
+  const char* vector = std::getenv("ATTENTION_CPU_VECTOR");
+  return vector != nullptr &&
+         (std::strcmp(vector, "portable") == 0 || std::strcmp(vector, "avx2") == 0);
+}
+
+}  // namespace
+
+const Bf16Products* bf16_products() {
+  static const Bf16Products* const chosen = widened_asked() ? nullptr : avx512_bf16_products();
+  return chosen;
+}
+
+void pack_row_pairs(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t cols, uint32_t* out,
+                    int64_t ld_out) {
+  for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
+    const uint16_t* low = in + 2 * p * ld_in;
+    uint32_t* o = out + p * ld_out;
+    if (2 * p + 1 == rows) {
+      for (int64_t c = 0; c < cols; ++c) o[c] = low[c];
+      continue;
+    }
+    const uint16_t* high = low + ld_in;
+    for (int64_t c = 0; c < cols; ++c) o[c] = low[c] | static_cast<uint32_t>(high[c]) << 16;
+  }
+}
+
+void pack_column_pairs(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t cols, uint32_t* out,
+                       int64_t ld_out) {
+  const int64_t whole = cols / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* row = in + r * ld_in;
+    for (int64_t p = 0; p < whole; ++p) {
+      out[p * ld_out + r] = row[2 * p] | static_cast<uint32_t>(row[2 * p + 1]) << 16;
+    }
+    if (cols % 2 != 0) out[whole * ld_out + r] = row[cols - 1];
+  }
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention

@@ -1,0 +1,294 @@
+// bfloat16 attention on the processor's bfloat16 products (AVX512_BF16:
+// kernels/cpu/bf16_products.h), and where it has none on the widened route.
+//
+// The products against LibTorch's products in double of the same bfloat16 values:
+// 1 to 9 rows (blocks full and short), 1 to 100 columns (vectors full and partial), even and odd
+// contracted lengths, with and without adding to C, and B packed from either side. Nothing past a
+// row's n columns is written, nothing past its k values is read, NaN included; the rounding to
+// bfloat16 is LibTorch's. Skipped where the processor has no AVX512_BF16.
+//
+// The fused forward in bfloat16 against float64's result on the same bfloat16 values, over the
+// shapes where the products' edges fall (feature counts odd and even, ragged blocks, the causal
+// diagonal's strips, windows, masks, grouped heads, packed sequences): within the bound of its
+// roundings, on whichever route this process takes (ctest's chunked.avx2_softmax and
+// chunked.portable_softmax run it on the widened route).
+
+#include "attention/functional.h"
+#include "kernels/cpu/bf16_products.h"
+
+#include <torch/torch.h>
+#include "catch_compat.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace cpu = attention::kernels::cpu;
+namespace F = attention::functional;
+using Options = F::ScaledDotProductAttentionOptions;
+
+namespace {
+
+const cpu::Bf16Products* products_or_warn() {
+  const cpu::Bf16Products* products = cpu::avx512_bf16_products();
+  if (products == nullptr) WARN("skipped: this processor has no AVX512_BF16");
+  return products;
+}
+
+const uint16_t* bits(const torch::Tensor& bf16) {
+  return reinterpret_cast<const uint16_t*>(bf16.data_ptr<at::BFloat16>());
+}
+
+// Pair rows of `b` (k x n bfloat16), ld words apart, made by pack_row_pairs, or by
+// pack_column_pairs from b's transpose.
+std::vector<uint32_t> pairs_of(const torch::Tensor& b, int64_t ld, bool from_transpose) {
+  const int64_t k = b.size(0), n = b.size(1);
+  std::vector<uint32_t> out(static_cast<size_t>((k + 1) / 2 * ld), 0xFFFFFFFFu);
+  if (from_transpose) {
+    const auto t = b.t().contiguous();
+    cpu::pack_column_pairs(bits(t), k, n, k, out.data(), ld);
+  } else {
+    cpu::pack_row_pairs(bits(b), n, k, n, out.data(), ld);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 products equal sums in double of the same values over every block shape",
+          "[bf16_products]") {
+  const cpu::Bf16Products* products = products_or_warn();
+  if (products == nullptr) return;
+  torch::manual_seed(3);
+  for (const int64_t m : {1, 2, 3, 4, 5, 9}) {
+    for (const int64_t n : {1, 15, 16, 17, 33, 64, 65, 100}) {
+      for (const int64_t k : {1, 2, 3, 8, 63, 64}) {
+        for (const bool accumulate : {false, true}) {
+          for (const bool from_transpose : {false, true}) {
+            INFO("m " << m << ", n " << n << ", k " << k << ", accumulate " << accumulate
+                      << ", packed from the transpose " << from_transpose);
+            const int64_t lda = k + 3, ldb = n + 5, ldc = n + 2;
+            const auto a = torch::randn({m, lda}).to(torch::kBFloat16);
+            const auto b = torch::randn({k, n}).to(torch::kBFloat16);
+            const auto pairs = pairs_of(b, ldb, from_transpose);
+            auto c = torch::randn({m, ldc});
+            const auto before = c.clone();
+            products->product(m, n, k, 0.375f, bits(a), lda, pairs.data(), ldb, accumulate,
+                              c.data_ptr<float>(), ldc);
+            const auto a_used = a.narrow(1, 0, k).to(torch::kDouble);
+            auto want = 0.375 * a_used.matmul(b.to(torch::kDouble));
+            if (accumulate) want += before.narrow(1, 0, n).to(torch::kDouble);
+            // Float sums of exact products: within k roundings of the sum of magnitudes.
+            const auto bound =
+                0.375 * a_used.abs().matmul(b.to(torch::kDouble).abs()) *
+                    (static_cast<double>(k) + 2) * std::ldexp(1.0, -24) +
+                (accumulate ? before.narrow(1, 0, n).abs().to(torch::kDouble) * std::ldexp(1.0, -23)
+                            : torch::zeros_like(want));
+            const auto error = (c.narrow(1, 0, n).to(torch::kDouble) - want).abs();
+            CHECK((error <= bound).all().item<bool>());
+            CHECK(torch::equal(c.narrow(1, n, ldc - n), before.narrow(1, n, ldc - n)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("an odd contracted length reads nothing past its last value, NaN included",
+          "[bf16_products]") {
+  const cpu::Bf16Products* products = products_or_warn();
+  if (products == nullptr) return;
+  torch::manual_seed(5);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t k : {1, 5, 33}) {
+    INFO("k " << k);
+    const int64_t m = 6, n = 20;
+    // Row k of B and column k of A are NaN: a pair row holds them beside the last values.
+    auto a = torch::randn({m, k + 1});
+    a.select(1, k).fill_(nan);
+    auto b = torch::randn({k + 1, n});
+    b.select(0, k).fill_(nan);
+    const auto a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
+    std::vector<uint32_t> pairs(static_cast<size_t>((k + 1) / 2 * n));
+    cpu::pack_row_pairs(bits(b16), n, k + 1, n, pairs.data(), n);  // NaN in the high halves
+    auto c = torch::empty({m, n});
+    products->product(m, n, k, 1.0f, bits(a16), k + 1, pairs.data(), n, false, c.data_ptr<float>(),
+                      n);
+    const auto want =
+        a16.narrow(1, 0, k).to(torch::kDouble).matmul(b16.narrow(0, 0, k).to(torch::kDouble));
+    CHECK(torch::isfinite(c).all().item<bool>());
+    CHECK(torch::allclose(c.to(torch::kDouble), want, 1e-5, 1e-5));
+  }
+}
+
+TEST_CASE("the probabilities are rounded to bfloat16 as LibTorch rounds them", "[bf16_products]") {
+  const cpu::Bf16Products* products = products_or_warn();
+  if (products == nullptr) return;
+  torch::manual_seed(7);
+  // Normal values of every scale, halfway cases (ties to even), the largest float, infinities
+  // and NaN, in rows whose last vector is partial.
+  auto values = torch::randn({3, 37}) * torch::pow(10.0, torch::randint(-30, 30, {3, 37}));
+  const float ties[] = {1.00390625f, 1.01171875f, -2.0078125f, 3.0f};
+  for (int e = 0; e < 4; ++e) values[0][e] = ties[e];
+  values[1][3] = std::numeric_limits<float>::max();
+  values[1][4] = std::numeric_limits<float>::infinity();
+  values[1][5] = -std::numeric_limits<float>::infinity();
+  values[2][36] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<uint16_t> got(3 * 40, 0xAAAA);
+  products->round(values.data_ptr<float>(), 37, 3, 37, got.data(), 40);
+  const auto want = values.to(torch::kBFloat16);
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t c = 0; c < 40; ++c) {
+      INFO("row " << r << ", column " << c);
+      if (c >= 37) {
+        CHECK(got[r * 40 + c] == 0xAAAA);  // past the row: untouched
+      } else if (std::isnan(values[r][c].item<float>())) {
+        CHECK((got[r * 40 + c] & 0x7F80) == 0x7F80);
+        CHECK((got[r * 40 + c] & 0x007F) != 0);
+      } else {
+        CHECK(got[r * 40 + c] == bits(want)[r * 37 + c]);
+      }
+    }
+  }
+}
+
+TEST_CASE("pair rows hold two neighbours of the contracted dimension, low first",
+          "[bf16_products]") {
+  // 3 x 5 values numbered 1..15: pairs of rows (values), and pairs of columns (keys).
+  std::vector<uint16_t> in(15);
+  for (int e = 0; e < 15; ++e) in[e] = static_cast<uint16_t>(e + 1);
+  std::vector<uint32_t> rows(2 * 6, 0xFFFFFFFFu), columns(3 * 4, 0xFFFFFFFFu);
+  cpu::pack_row_pairs(in.data(), 5, 3, 5, rows.data(), 6);
+  cpu::pack_column_pairs(in.data(), 5, 3, 5, columns.data(), 4);
+  for (int c = 0; c < 5; ++c) {
+    CHECK(rows[c] == (in[c] | static_cast<uint32_t>(in[5 + c]) << 16));
+    CHECK(rows[6 + c] == in[10 + c]);  // the odd last row alone, high half 0
+  }
+  CHECK(rows[5] == 0xFFFFFFFFu);  // past the columns: untouched
+  for (int r = 0; r < 3; ++r) {
+    CHECK(columns[r] == (in[r * 5] | static_cast<uint32_t>(in[r * 5 + 1]) << 16));
+    CHECK(columns[4 + r] == (in[r * 5 + 2] | static_cast<uint32_t>(in[r * 5 + 3]) << 16));
+    CHECK(columns[8 + r] == in[r * 5 + 4]);
+  }
+  CHECK(columns[3] == 0xFFFFFFFFu);
+}
+
+namespace {
+
+// The largest error the bfloat16 forward may make against the exact result of its (bfloat16)
+// inputs, for values `v`: each probability rounded to bfloat16 (relative 2^-9) moves the output by
+// at most 2^-9 of the largest value, the output's rounding by 2^-9 of itself; float's own
+// roundings add a little on top.
+double bf16_forward_bound(const torch::Tensor& v) {
+  return (std::ldexp(1.0, -8) + 1e-4) * v.abs().max().item<double>();
+}
+
+torch::Tensor wide(const torch::Tensor& t) {
+  return t.to(torch::kDouble);
+}
+
+// The largest error of `got` relative to the largest magnitude of `want`.
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  return (wide(got) - want).abs().max().item<double>() / want.abs().max().item<double>();
+}
+
+// The output and the gradients of q, k and v for `upstream`, by `attend` (q, k, v -> output).
+template <typename Attend>
+std::vector<torch::Tensor> with_gradients(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                          const torch::Tensor& upstream, Attend attend) {
+  q = q.detach().requires_grad_();
+  k = k.detach().requires_grad_();
+  v = v.detach().requires_grad_();
+  const torch::Tensor out = attend(q, k, v);
+  const auto grads = torch::autograd::grad({out}, {q, k, v}, {upstream});
+  return {out.detach(), grads[0], grads[1], grads[2]};
+}
+
+// The output within its bound, each gradient within 2^-7 of its largest value (as
+// test_chunked_backward.cpp asks of bfloat16's).
+void check_within_roundings(const std::vector<torch::Tensor>& got,
+                            const std::vector<torch::Tensor>& want, const torch::Tensor& v) {
+  REQUIRE(got[0].scalar_type() == torch::kBFloat16);
+  const double error = (wide(got[0]) - want[0]).abs().max().item<double>();
+  INFO("output error " << error);
+  CHECK(error <= bf16_forward_bound(v));
+  for (size_t g = 1; g < 4; ++g) {
+    INFO("gradient of "
+         << "-qkv"[g] << ": error " << relative_error(got[g], want[g]) << " of its largest value");
+    REQUIRE(got[g].scalar_type() == torch::kBFloat16);
+    CHECK(relative_error(got[g], want[g]) < 2.0 / 256);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the bfloat16 forward and backward stay within their roundings of float64's results",
+          "[chunked]") {
+  if (cpu::bf16_products() == nullptr) WARN("on the widened route: no bfloat16 products here");
+  torch::manual_seed(11);
+  struct Shape {
+    int64_t b, h, h_kv, t_q, t_k, d, dv, block;
+  };
+  // Windows put the left edge of strips on odd keys too (the backward's keys paired from key 1).
+  const Shape shapes[] = {{1, 2, 2, 70, 70, 64, 64, 64}, {2, 4, 2, 130, 150, 16, 8, 32},
+                          {1, 1, 1, 33, 47, 7, 3, 16},   {1, 2, 1, 200, 200, 64, 64, 128},
+                          {1, 3, 3, 5, 300, 1, 5, 64},   {2, 2, 2, 97, 97, 33, 65, 48}};
+  for (const auto& s : shapes) {
+    const auto q = torch::randn({s.b, s.h, s.t_q, s.d}).to(torch::kBFloat16);
+    const auto k = torch::randn({s.b, s.h_kv, s.t_k, s.d}).to(torch::kBFloat16);
+    const auto v = torch::randn({s.b, s.h_kv, s.t_k, s.dv}).to(torch::kBFloat16);
+    const auto upstream = torch::randn({s.b, s.h, s.t_q, s.dv}).to(torch::kBFloat16);
+    const auto mask = torch::randn({s.t_q, s.t_k}).to(torch::kBFloat16);
+    const std::vector<std::pair<const char*, Options>> variants = {
+        {"plain", Options()},
+        {"causal", Options().is_causal(true)},
+        {"window", Options().is_causal(true).window_left(21)},
+        {"additive mask", Options().attn_mask(mask)},
+        {"soft-capped", Options().is_causal(true).softcap(5.0)}};
+    for (const auto& [name, variant] : variants) {
+      INFO(name << ": B " << s.b << ", H " << s.h << "/" << s.h_kv << ", Tq " << s.t_q << ", Tk "
+                << s.t_k << ", d " << s.d << ", dv " << s.dv << ", block " << s.block);
+      const auto options = Options(variant).backend(F::Backend::Chunked).block_size(s.block);
+      auto exact = Options(options).backend(F::Backend::Math);
+      if (variant.attn_mask().defined()) exact.attn_mask(wide(mask));
+      const auto attend = [](const Options& o) {
+        return [o](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+          return F::scaled_dot_product_attention(q, k, v, o).output;
+        };
+      };
+      const auto got = with_gradients(q, k, v, upstream, attend(options));
+      CHECK(F::last_path() == F::Path::ChunkedFused);
+      check_within_roundings(
+          got, with_gradients(wide(q), wide(k), wide(v), wide(upstream), attend(exact)), v);
+    }
+  }
+}
+
+TEST_CASE("packed bfloat16 sequences stay within their roundings of float64's", "[chunked]") {
+  torch::manual_seed(13);
+  // Sequences that start at odd rows: the transposed queries are read from odd columns.
+  const std::vector<int64_t> lengths = {37, 0, 300, 1, 90};
+  std::vector<int64_t> offsets = {0};
+  for (const int64_t length : lengths) offsets.push_back(offsets.back() + length);
+  const auto cu_seqlens = torch::tensor(offsets, torch::kInt);
+  const int64_t total = offsets.back();
+  const auto q = torch::randn({total, 4, 24}).to(torch::kBFloat16);
+  const auto k = torch::randn({total, 2, 24}).to(torch::kBFloat16);
+  const auto v = torch::randn({total, 2, 40}).to(torch::kBFloat16);
+  const auto upstream = torch::randn({total, 4, 40}).to(torch::kBFloat16);
+  const auto options =
+      Options().is_causal(true).window_left(50).block_size(64).backend(F::Backend::Chunked);
+  const auto attend = [&](const Options& o) {
+    return
+        [&cu_seqlens, o](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+          return F::varlen_attention(q, k, v, cu_seqlens, cu_seqlens, o);
+        };
+  };
+  const auto got = with_gradients(q, k, v, upstream, attend(options));
+  CHECK(F::last_path() == F::Path::ChunkedFused);
+  check_within_roundings(got,
+                         with_gradients(wide(q), wide(k), wide(v), wide(upstream),
+                                        attend(Options(options).backend(F::Backend::Math))),
+                         v);
+}
