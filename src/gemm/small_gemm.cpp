@@ -2,6 +2,7 @@
 
 #include "gemm/code_cache.h"
 #include "platform/compiler.h"
+#include "platform/cpu_features.h"
 
 #include <algorithm>
 #include <array>
@@ -45,9 +46,7 @@ CodeCache& generated_kernels() {
 int target_architecture() {
   static const int architecture = [] {
     const int found = libxsmm_cpuid_x86(nullptr);
-    const char* vector = std::getenv("ATTENTION_CPU_VECTOR");
-    const bool avx2_asked = vector != nullptr && std::strcmp(vector, "avx2") == 0;
-    return avx2_asked ? std::min(found, LIBXSMM_X86_AVX2) : found;
+    return vector_route_asked("avx2") ? std::min(found, LIBXSMM_X86_AVX2) : found;
   }();
   return architecture;
 }

@@ -49,6 +49,13 @@ inline bool processor_has_avx2_fma() {
 #endif
 }
 
+/// Whether ATTENTION_CPU_VECTOR asks for `route` ("avx2" or "portable"): the switch every
+/// run-time choice of vector code reads.
+inline bool vector_route_asked(const char* route) {
+  const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
+  return forced != nullptr && std::strcmp(forced, route) == 0;
+}
+
 /// The set of a kernel's vector code a process takes, given the AVX-512F and the AVX2 sets (each
 /// nullptr where the processor does not run it): AVX-512F's, else AVX2's, else nullptr (the
 /// compiler-vectorized loops). ATTENTION_CPU_VECTOR=portable asks for the loops,
@@ -56,10 +63,8 @@ inline bool processor_has_avx2_fma() {
 /// on one machine).
 template <class Set>
 const Set* chosen_vector_set(const Set* avx512, const Set* avx2) {
-  const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
-  if (forced != nullptr && std::strcmp(forced, "portable") == 0) return nullptr;
-  const bool avx2_asked = forced != nullptr && std::strcmp(forced, "avx2") == 0;
-  return !avx2_asked && avx512 != nullptr ? avx512 : avx2;
+  if (vector_route_asked("portable")) return nullptr;
+  return !vector_route_asked("avx2") && avx512 != nullptr ? avx512 : avx2;
 }
 
 }  // namespace cpu

@@ -39,12 +39,8 @@ namespace attention {
 namespace kernels {
 namespace {
 
+using cpu::bits;
 using torch::Tensor;
-
-// A bfloat16 pointer as the products take it: its bits.
-inline const uint16_t* bits(const c10::BFloat16* p) {
-  return reinterpret_cast<const uint16_t*>(p);
-}
 
 // The probabilities of a tile of rows x cols scaled scores `s` (row stride cols), of which row r
 // sees its first valid + r columns when causal (all of them otherwise), from the rows' log-sum-exp
@@ -176,8 +172,8 @@ class Backward {
         k_(k),
         v_(v),
         go_(grad_out),
-        q_t_(matrices_or_none(transposed.first)),
-        go_t_(matrices_or_none(transposed.second)),
+        q_t_(cpu::Matrices<In>::of(transposed.first)),
+        go_t_(cpu::Matrices<In>::of(transposed.second)),
         lse_(lse.data_ptr<T>()),
         delta_(delta.data_ptr<T>()),
         dq_(dq_parts.begin(), dq_parts.end()),
@@ -445,10 +441,6 @@ class Backward {
     }
   }
 
-  static cpu::Matrices<In> matrices_or_none(const Tensor& t) {
-    return t.defined() ? cpu::Matrices<In>(t) : cpu::Matrices<In>();
-  }
-
   const Problem& p_;
   const cpu::Bf16Products* bf16_ = kBf16Products ? cpu::bf16_products() : nullptr;
   cpu::Matrices<In> q_, k_, v_, go_;
@@ -496,11 +488,8 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
   const Sequences& sequences = *p.sequences;
   const cpu::Matrices<In> queries(q), keys(k), values(v), upstream(grad_out);
   const cpu::Matrices<T> key_grads(dk), value_grads(dv);
-  const bool with_transposed = transposed.first.defined();
-  const cpu::Matrices<In> queries_t =
-      with_transposed ? cpu::Matrices<In>(transposed.first) : cpu::Matrices<In>();
-  const cpu::Matrices<In> upstream_t =
-      with_transposed ? cpu::Matrices<In>(transposed.second) : cpu::Matrices<In>();
+  const auto queries_t = cpu::Matrices<In>::of(transposed.first),
+             upstream_t = cpu::Matrices<In>::of(transposed.second);
   const std::vector<cpu::Matrices<T>> query_grads(dq_parts.begin(), dq_parts.end());
   const int64_t splits = static_cast<int64_t>(dq_parts.size());
   struct Item {
@@ -521,13 +510,11 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
     std::vector<cpu::Matrices<T>> dq;
     for (const auto& part : query_grads) dq.push_back(part.from_row(q0));
     parts.emplace_back(
-        one,
-        typename Backward<T, In>::Sequence{
-            queries.from_row(q0), keys.from_row(k0), values.from_row(k0), upstream.from_row(q0),
-            with_transposed ? queries_t.from_column(q0) : cpu::Matrices<In>(),
-            with_transposed ? upstream_t.from_column(q0) : cpu::Matrices<In>(),
-            lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q, std::move(dq),
-            key_grads.from_row(k0), value_grads.from_row(k0), relative});
+        one, typename Backward<T, In>::Sequence{
+                 queries.from_row(q0), keys.from_row(k0), values.from_row(k0),
+                 upstream.from_row(q0), queries_t.from_column(q0), upstream_t.from_column(q0),
+                 lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q, std::move(dq),
+                 key_grads.from_row(k0), value_grads.from_row(k0), relative});
     const int64_t part = static_cast<int64_t>(parts.size()) - 1;
     // The pairs of scores of the sequence's query heads, shared by its splits, and the key rows
     // that are written either way.

@@ -18,9 +18,7 @@ bool widened_asked() {
   const char* bf16 = std::getenv("ATTENTION_CPU_BF16");
   if (bf16 != nullptr && std::strcmp(bf16, "widened") == 0) return true;
   // The narrower vector routes have no bfloat16 products either.
-  const char* vector = std::getenv("ATTENTION_CPU_VECTOR");
-  return vector != nullptr &&
-         (std::strcmp(vector, "portable") == 0 || std::strcmp(vector, "avx2") == 0);
+  return vector_route_asked("portable") || vector_route_asked("avx2");
 }
 
 }  // namespace

@@ -41,6 +41,11 @@ namespace {
 constexpr int kRows = 4;     // rows of C per block
 constexpr int kVectors = 4;  // 16-float vectors of C per block row
 
+// The mask of a vector's first `count` lanes (1 to 16).
+inline __mmask16 first_lanes(int64_t count) {
+  return static_cast<__mmask16>(count == 16 ? 0xFFFF : (1u << count) - 1);
+}
+
 ATTENTION_AVX512_BF16 ATTENTION_ALWAYS_INLINE __m512i pair_of(const uint16_t* a) {
   uint32_t word;
   std::memcpy(&word, a, sizeof word);
@@ -144,7 +149,7 @@ void product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, in
     const int64_t cols = std::min(kPanel, n - j);
     const int vectors = static_cast<int>((cols + 15) / 16);
     const int64_t rest = cols - 16 * (vectors - 1);
-    const auto tail = static_cast<__mmask16>(rest == 16 ? 0xFFFF : (1u << rest) - 1);
+    const auto tail = first_lanes(rest);
     const Block full = block_of(kRows, vectors);
     int64_t i = 0;
     for (; i + kRows <= m; i += kRows) {
@@ -164,7 +169,7 @@ ATTENTION_AVX512_BF16 void round(const float* in, int64_t ld_in, int64_t rows, i
     uint16_t* to = out + r * ld_out;
     for (int64_t c = 0; c < cols; c += 16) {
       const int64_t rest = std::min<int64_t>(16, cols - c);
-      const auto mask = static_cast<__mmask16>(rest == 16 ? 0xFFFF : (1u << rest) - 1);
+      const auto mask = first_lanes(rest);
       const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, from + c));
       _mm256_mask_storeu_epi16(to + c, mask, reinterpret_cast<const __m256i&>(rounded));
     }
@@ -185,7 +190,7 @@ ATTENTION_AVX512_BF16 void round_row_pairs(const float* in, int64_t ld_in, int64
     uint32_t* to = out + p * ld_out;
     for (int64_t c = 0; c < cols; c += 16) {
       const int64_t rest = std::min<int64_t>(16, cols - c);
-      const auto mask = static_cast<__mmask16>(rest == 16 ? 0xFFFF : (1u << rest) - 1);
+      const auto mask = first_lanes(rest);
       __m512i words = rounded_words(low + c, mask);
       if (!alone) {
         words = _mm512_or_si512(words, _mm512_slli_epi32(rounded_words(low + ld_in + c, mask), 16));

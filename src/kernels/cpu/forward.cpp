@@ -36,12 +36,8 @@ namespace kernels {
 namespace {
 
 using cpu::Matrices;
+using cpu::bits;
 using torch::Tensor;
-
-// A bfloat16 pointer as the products take it: its bits.
-inline const uint16_t* bits(const c10::BFloat16* p) {
-  return reinterpret_cast<const uint16_t*>(p);
-}
 
 // T: the scores, the softmax's states and the output. In: the queries, keys and values, T itself
 // or bfloat16 on the bfloat16 products (then T is float).

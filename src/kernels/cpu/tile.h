@@ -61,6 +61,11 @@ torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef siz
 /// The element offset of every matrix (the last two dims) of `t`, in flattened leading order.
 std::vector<int64_t> matrix_offsets(const torch::Tensor& t);
 
+/// A bfloat16 pointer as the bfloat16 products (kernels/cpu/bf16_products.h) take it: its bits.
+inline const uint16_t* bits(const c10::BFloat16* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
+
 /// One operand's matrices: the data, the element offset of each flattened leading index, and
 /// the row stride (rows are contiguous).
 template <typename T>
@@ -68,9 +73,12 @@ struct Matrices {
   T* data;
   std::vector<int64_t> at;
   int64_t row_stride;
+  /// No matrices (data nullptr): what an operand a route does not read holds.
   Matrices() : data(nullptr), row_stride(0) {}
   explicit Matrices(const torch::Tensor& t)
       : data(t.data_ptr<T>()), at(matrix_offsets(t)), row_stride(t.stride(-2)) {}
+  /// The matrices of `t`, or none where `t` is undefined.
+  static Matrices of(const torch::Tensor& t) { return t.defined() ? Matrices(t) : Matrices(); }
   T* row(int64_t index, int64_t r) const { return data + at[index] + r * row_stride; }
   /// The same matrices from row r on: the rows of one packed sequence, in every head.
   Matrices from_row(int64_t r) const {
@@ -78,10 +86,11 @@ struct Matrices {
     rest.data += r * row_stride;
     return rest;
   }
-  /// The same matrices from column c on: a packed sequence's positions in transposed matrices.
+  /// The same matrices from column c on: a packed sequence's positions in transposed matrices
+  /// (none stay none).
   Matrices from_column(int64_t c) const {
     Matrices rest = *this;
-    rest.data += c;
+    if (rest.data) rest.data += c;
     return rest;
   }
 };
