@@ -35,8 +35,8 @@ namespace attention {
 namespace kernels {
 namespace {
 
-using cpu::Matrices;
 using cpu::bits;
+using cpu::Matrices;
 using torch::Tensor;
 
 // T: the scores, the softmax's states and the output. In: the queries, keys and values, T itself
