@@ -59,6 +59,8 @@ check_shared_exports "$work/prefix"
 "$work/gpt/gpt" "$ROOT/models/gpt"
 # 16 requests at once over a paged KV cache, each getting the tokens it gets alone.
 "$work/gpt/gpt-serve" "$ROOT/models/gpt"
+# The same from an 8-bit cache: how far its tokens and logits are from the float cache's.
+"$work/gpt/gpt-serve" "$ROOT/models/gpt" --int8
 if $has_distributed; then
   torchrun --standalone --nproc_per_node=2 --redirects 1 --tee 1 --no_python \
     "$work/ring_attention/ring-attention" | grep "matches one process"

@@ -790,9 +790,9 @@ std::vector<PagedBadInput> paged_cases() {
       {"pool: INT64_MAX layers", make(PagedKVCacheOptions(1, 1, 1, 1).num_layers(kMax)),
        Kind::Value, "needs more than 2^63 bytes"},
       {"pool: half", make(PagedKVCacheOptions(4, 4, 2, 4).dtype(torch::kHalf)), Kind::Type,
-       "attention::PagedKVCache: expected dtype Float, Double or BFloat16, got Half"},
+       "attention::PagedKVCache: expected dtype Float, Double, BFloat16 or Char (8-bit), got Half"},
       {"pool: integers", make(PagedKVCacheOptions(4, 4, 2, 4).dtype(torch::kLong)), Kind::Type,
-       "attention::PagedKVCache: expected dtype Float, Double or BFloat16, got Long"},
+       "attention::PagedKVCache: expected dtype Float, Double, BFloat16 or Char (8-bit), got Long"},
       // Sequences: unknown, freed, repeated (the fixture holds 0, freed, and 1, 3 tokens).
       {"extend: unknown", [](Cache c) { c.extend({7}, {1}); }, Kind::Value,
        "attention::PagedKVCache::extend: unknown sequence 7 (the cache has made ids 0 to 1)"},

@@ -165,7 +165,7 @@ TEST_CASE("block mask attention: the fused kernels equal Math on the dense mask,
 TEST_CASE(
     "block mask attention: builders at T >= 1024 in float32 and bfloat16, and queries that "
     "see no key",
-    "[block_mask][chunked]") {
+    "[block_mask][chunked][long]") {
   torch::manual_seed(7);
   const int64_t t = 1100;
   std::vector<int64_t> ids(t);

@@ -1,6 +1,6 @@
 // The book's GPT serving 16 requests at once with continuous batching over a paged KV cache.
 //
-//   gpt-serve MODEL_DIR [--bench] [--pages N] [--save-requests FILE]
+//   gpt-serve MODEL_DIR [--bench] [--pages N] [--save-requests FILE] [--int8]
 //
 // Prompts of different lengths (drawn from the vocabulary with a fixed seed) arrive one every
 // two steps and each asks for its own number of tokens; every step runs the model once on the
@@ -9,7 +9,11 @@
 // (gpt::generate), exit 1 otherwise. --bench then reports tokens per second, one thread, of the
 // 16 requests served together against the same requests one at a time. --pages sets the pool's
 // size (default 48 pages of 8 tokens: fewer than all requests need at once). --save-requests writes
-// the requests and their tokens as JSON (examples/gpt/serve_padded.py reads them).
+// the requests and their tokens as JSON (examples/gpt/serve_padded.py reads them). --int8 serves
+// from an 8-bit cache (PagedKVCacheOptions::dtype(torch::kChar)) and reports how far its tokens
+// and logits are from the float generation's: how many requests get the same tokens, the first
+// token that differs, and the largest logit difference before it; exit 1 only when the logits
+// differ by more than 0.5 before the first different token.
 
 #include "gpt_model.h"
 #include "model_dir.h"
@@ -46,10 +50,57 @@ std::vector<gpt::Request> make_requests(const gpt::Config& config, int64_t arriv
   return requests;
 }
 
-attention::PagedKVCache make_cache(const gpt::Config& config, int64_t pages) {
+attention::PagedKVCache make_cache(const gpt::Config& config, int64_t pages, torch::Dtype dtype) {
   return attention::PagedKVCache(attention::PagedKVCacheOptions(pages, kPageSize, config.n_heads,
                                                                 config.emb_dim / config.n_heads)
-                                     .num_layers(config.n_layers));
+                                     .num_layers(config.n_layers)
+                                     .dtype(dtype));
+}
+
+// How far the 8-bit cache's generation is from the float generation: requests with the same
+// tokens, and over each request's tokens up to its first different one, the largest logit
+// difference. Exit status 1 when that exceeds 0.5: quantization moves logits by hundredths here.
+int report_int8(const std::vector<gpt::Request>& requests,
+                const std::vector<gpt::Completion>& served, gpt::GPTModel& model,
+                const gpt::Config& config, const attention::PagedKVCache& cache, int64_t pages) {
+  int64_t same = 0;
+  double logit_diff = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& r = requests[i];
+    const auto [tokens, logits] =
+        gpt::generate(model, r.prompt.unsqueeze(0), r.new_tokens, config.context_length);
+    const auto expected = tokens[0].slice(0, r.prompt.size(0));
+    const auto& got = served[i].tokens;
+    int64_t first = 0;
+    while (first < got.size(0) && got[first].item<int64_t>() == expected[first].item<int64_t>()) {
+      ++first;
+    }
+    same += first == got.size(0);
+    // The logits of step t decide token t: compared up to and including the first different one.
+    const int64_t steps = std::min<int64_t>(first + 1, got.size(0));
+    const double diff = (logits[0].slice(0, 0, steps) - served[i].logits.slice(0, 0, steps))
+                            .abs()
+                            .max()
+                            .item<double>();
+    logit_diff = std::max(logit_diff, diff);
+    fmt::print("request {:2}: {:2} new tokens, {}; largest logit difference {:.3f}\n", i,
+               r.new_tokens,
+               first == got.size(0) ? std::string("the float cache's tokens")
+                                    : fmt::format("first different token at {}", first),
+               diff);
+  }
+  const auto& o = cache.options();
+  const double per_token = static_cast<double>(cache.memory_bytes()) / (pages * o.page_size());
+  fmt::print(
+      "8-bit cache: same tokens as the float cache: {} of {}; largest logit difference up to the "
+      "first different token: {:.3f}; {:.0f} bytes per token ({} in float)\n",
+      same, requests.size(), logit_diff, per_token,
+      2 * o.num_layers() * o.num_kv_heads() * o.head_dim() * 4);
+  if (logit_diff > 0.5 || cache.free_pages() != pages) {
+    fmt::print(stderr, "gpt-serve: the 8-bit cache's logits are further from float's than 0.5\n");
+    return 1;
+  }
+  return 0;
 }
 
 int64_t total_new_tokens(const std::vector<gpt::Request>& requests) {
@@ -89,12 +140,14 @@ void save_requests(const std::string& path, const std::vector<gpt::Request>& req
 
 int serve_main(int argc, char** argv) {
   std::string dir, requests_path;
-  bool bench = false;
+  bool bench = false, int8 = false;
   int64_t pages = 48;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--bench") {
       bench = true;
+    } else if (arg == "--int8") {
+      int8 = true;
     } else if (arg == "--pages" && i + 1 < argc) {
       pages = std::stoll(argv[++i]);
     } else if (arg == "--save-requests" && i + 1 < argc) {
@@ -107,13 +160,15 @@ int serve_main(int argc, char** argv) {
     }
   }
   if (dir.empty()) {
-    fmt::print(stderr, "usage: gpt-serve MODEL_DIR [--bench] [--pages N] [--save-requests FILE]\n");
+    fmt::print(stderr,
+               "usage: gpt-serve MODEL_DIR [--bench] [--pages N] [--save-requests FILE] "
+               "[--int8]\n");
     return 2;
   }
   const auto [config, vocab] = gpt::read_config(dir);
   gpt::GPTModel model = gpt::load_model(dir, config);
   const auto requests = make_requests(config, kArrivalEvery);
-  auto cache = make_cache(config, pages);
+  auto cache = make_cache(config, pages, int8 ? torch::kChar : torch::kFloat);
 
   gpt::ServeStats stats;
   const auto served = gpt::serve(model, cache, requests, gpt::ServeOptions(), &stats);
@@ -122,6 +177,7 @@ int serve_main(int argc, char** argv) {
       "held at most, {} steps mixing prefill and decode, {} requests waited for pages\n",
       requests.size(), stats.steps, stats.most_sequences, stats.most_tokens, stats.most_pages,
       pages, stats.mixed_steps, stats.waited_requests);
+  if (int8) return report_int8(requests, served, model, config, cache, pages);
 
   // Each request alone, with a contiguous KVCache per block.
   int64_t same = 0;

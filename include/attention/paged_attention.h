@@ -63,5 +63,34 @@ ATTENTION_API torch::Tensor paged_attention(
     const torch::Tensor& cu_seqlens_q, const torch::Tensor& key_lengths,
     const torch::Tensor& page_table, const ScaledDotProductAttentionOptions& options = {});
 
+/// paged_attention() over 8-bit pages (a PagedKVCache of dtype torch::kChar): `key_pages` and
+/// `value_pages` hold int8 codes, `key_scales` and `value_scales`, float (num_pages, Hkv, P), the
+/// scale of each row, and a key is its codes times its scale. On the CPU with float or bfloat16
+/// queries, Backend::Auto and Chunked read the codes in place and widen them in registers (a
+/// quarter of float's bytes per key, plus 4 for the scale); other backends, dtypes and devices
+/// compute on the keys the codes stand for. The same checks as paged_attention(), and
+/// c10::TypeError for pages that are not both Char or scales not Float, c10::ValueError for
+/// scales missing or of another shape.
+///
+/// Example:
+/// \code
+/// namespace F = attention::functional;
+/// torch::NoGradGuard no_grad;
+/// attention::PagedKVCache cache(
+///     attention::PagedKVCacheOptions(64, 16, 2, 32).dtype(torch::kChar));
+/// int64_t a = cache.add_sequence();
+/// attention::PagedBatch step = cache.extend({a}, {5});
+/// cache.write(0, step, torch::randn({5, 2, 32}), torch::randn({5, 2, 32}));  // quantized here
+/// torch::Tensor out = F::paged_attention(
+///     torch::randn({5, 4, 32}), cache.keys(0), cache.key_scales(0), cache.values(0),
+///     cache.value_scales(0), step.query_starts(), step.key_lengths(), step.page_table(),
+///     F::ScaledDotProductAttentionOptions().is_causal(true));  // (5, 4, 32)
+/// \endcode
+ATTENTION_API torch::Tensor paged_attention(
+    const torch::Tensor& query, const torch::Tensor& key_pages, const torch::Tensor& key_scales,
+    const torch::Tensor& value_pages, const torch::Tensor& value_scales,
+    const torch::Tensor& cu_seqlens_q, const torch::Tensor& key_lengths,
+    const torch::Tensor& page_table, const ScaledDotProductAttentionOptions& options = {});
+
 }  // namespace functional
 }  // namespace attention

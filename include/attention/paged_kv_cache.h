@@ -43,7 +43,9 @@ struct PagedKVCacheOptions {
   /// cache, or more): pages whose tokens every later query of their sequence has left behind go
   /// back to the pool. Unset: sequences keep every page; must be >= 1.
   TORCH_ARG(c10::optional<int64_t>, sliding_window) = c10::nullopt;
-  /// The keys' and values' dtype: float, double or bfloat16.
+  /// The keys' and values' dtype: float, double or bfloat16; or torch::kChar, 8 bits per feature
+  /// with a float scale per token and head (for keys and for values), a quarter of float's bytes
+  /// (see PagedKVCache).
   TORCH_ARG(torch::Dtype, dtype) = torch::kFloat;
   /// Where the pool lives.
   TORCH_ARG(torch::Device, device) = torch::kCPU;
@@ -104,6 +106,12 @@ class ATTENTION_API PagedBatch {
 ///   query of it sees none of its keys (all its tokens lie before position length - W + 1).
 /// - Failure: extend() checks every sequence and counts every page first; when the pool cannot
 ///   give what a step needs it throws c10::ValueError and the cache is exactly as it was.
+/// - 8 bits (dtype torch::kChar): write() takes float, double or bfloat16 keys and values and
+///   keeps each token's row of each head as int8 codes and a float scale, max|x| / 127 (codes
+///   round(x / scale)), so each feature is off by at most half its row's scale. A row with a NaN or
+///   an infinity keeps a NaN scale: what attends to it comes out NaN, as with the float cache.
+///   The attention reads the codes in place (functional::paged_attention's overload with scales;
+///   MultiHeadAttention::forward_paged takes it).
 ///
 /// A step: extend() reserves slots for the new tokens and returns a PagedBatch; each layer writes
 /// its keys and values with write(), then attends through the batch's page tables
@@ -167,6 +175,14 @@ class ATTENTION_API PagedKVCache {
   torch::Tensor keys(int64_t layer) const;
   /// The pool of values of `layer`, shaped like keys().
   torch::Tensor values(int64_t layer) const;
+  /// The scales of the keys of `layer` in an 8-bit cache, (num_pages, num_kv_heads, page_size)
+  /// float: key [p, h, slot, :] stands for keys(layer)[p, h, slot, :] times it. Undefined for
+  /// caches of other dtypes.
+  torch::Tensor key_scales(int64_t layer) const;
+  /// The scales of the values of `layer`, as key_scales().
+  torch::Tensor value_scales(int64_t layer) const;
+  /// Whether the cache keeps 8-bit codes and scales (dtype torch::kChar).
+  bool quantized() const { return options_.dtype() == torch::kChar; }
   /// Whether `batch` describes this cache as it is now.
   bool holds(const PagedBatch& batch) const;
 
@@ -182,7 +198,7 @@ class ATTENTION_API PagedKVCache {
   int64_t page_references(int64_t page) const;
   /// The options it was made with.
   const PagedKVCacheOptions& options() const { return options_; }
-  /// The pool's size in bytes, keys and values of every layer.
+  /// The pool's size in bytes, keys and values of every layer (and their scales).
   int64_t memory_bytes() const { return memory_bytes_; }
 
  private:
@@ -202,11 +218,16 @@ class ATTENTION_API PagedKVCache {
   void copy_page(int64_t from, int64_t to);
   void changed();
   void check_layer(int64_t layer, const char* caller) const;
+  // Rows (total_tokens, num_kv_heads, width) of the batch's new tokens into a pool of one layer's
+  // keys, values or scales, (num_pages, num_kv_heads, page_size, width).
+  void scatter(torch::Tensor pool, const torch::Tensor& from, const PagedBatch& batch) const;
 
   PagedKVCacheOptions options_;
   int64_t memory_bytes_ = 0;
   torch::Tensor pool_;                     // (2, num_layers, num_pages, num_kv_heads, page_size,
                                            // head_dim): keys, then values
+  torch::Tensor scales_;                   // 8-bit caches: (2, num_layers, num_pages,
+                                           // num_kv_heads, page_size) float
   std::map<int64_t, Sequence> sequences_;  // live ones by id (ids grow: the order added)
   int64_t next_id_ = 0;
   std::vector<int64_t> references_;  // per page ever used; pages beyond were never taken

@@ -5,6 +5,7 @@
 #include "kernels/kernels.h"
 #include "kernels/paged.h"
 #include "kernels/problem.h"
+#include "memory/int8_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -253,18 +254,40 @@ torch::Tensor paged_attention(const torch::Tensor& query, const torch::Tensor& k
                               const torch::Tensor& value_pages, const torch::Tensor& cu_seqlens_q,
                               const torch::Tensor& key_lengths, const torch::Tensor& page_table,
                               const ScaledDotProductAttentionOptions& options) {
-  const auto p = kernels::make_paged_problem(query, key_pages, value_pages, cu_seqlens_q,
-                                             key_lengths, page_table, options, kPaged);
-  const auto table = kernels::paged_table(page_table);
+  return paged_attention(query, key_pages, torch::Tensor(), value_pages, torch::Tensor(),
+                         cu_seqlens_q, key_lengths, page_table, options);
+}
+
+torch::Tensor paged_attention(const torch::Tensor& query, const torch::Tensor& key_pages,
+                              const torch::Tensor& key_scales, const torch::Tensor& value_pages,
+                              const torch::Tensor& value_scales, const torch::Tensor& cu_seqlens_q,
+                              const torch::Tensor& key_lengths, const torch::Tensor& page_table,
+                              const ScaledDotProductAttentionOptions& options) {
+  const auto p =
+      kernels::make_paged_problem(query, key_pages, value_pages, cu_seqlens_q, key_lengths,
+                                  page_table, options, kPaged, key_scales, value_scales);
+  const bool quantized = key_pages.scalar_type() == torch::kChar;
   const bool in_place = (p.backend == Backend::Auto || p.backend == Backend::Chunked) &&
-                        !p.degenerate() && kernels::paged_forward_applies(query);
+                        !p.degenerate() && kernels::paged_forward_applies(query) &&
+                        !(quantized && query.scalar_type() == torch::kDouble);
   if (in_place) {
     last = Path::ChunkedFused;
-    return kernels::paged_forward(p, query, key_pages, value_pages, table);
+    return kernels::paged_forward(p, query, key_pages, value_pages,
+                                  kernels::paged_table(page_table), 0, key_scales, value_scales);
   }
-  const auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1); };
-  const auto keys = gathered(p, key_pages, table), values = gathered(p, value_pages, table);
-  return run(p, heads_first(query), heads_first(keys), heads_first(values)).output.transpose(0, 1);
+  if (!quantized) {
+    const auto table = kernels::paged_table(page_table);
+    const auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1); };
+    const auto keys = gathered(p, key_pages, table), values = gathered(p, value_pages, table);
+    return run(p, heads_first(query), heads_first(keys), heads_first(values))
+        .output.transpose(0, 1);
+  }
+  // The other routes (and double queries) read 8-bit pages as the keys they stand for, in the
+  // queries' dtype: codes times scales, computed in float (double for double queries).
+  const auto dtype = query.scalar_type();
+  return paged_attention(query, detail::dequantize_rows(key_pages, key_scales, dtype),
+                         detail::dequantize_rows(value_pages, value_scales, dtype), cu_seqlens_q,
+                         key_lengths, page_table, options);
 }
 
 }  // namespace functional

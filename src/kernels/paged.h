@@ -19,12 +19,15 @@ namespace kernels {
 /// key_lengths: the keys of every sequence gathered one after another, (total_k, Hkv, d), would be
 /// its packed keys. Checks that key_lengths[s] <= max_pages x P and that every page holding a key
 /// some query of sequence s sees is in [0, num_pages) (others, such as pages a sliding window let
-/// go, may hold anything). Refuses attn_mask, need_weights, dropout and gradients by name.
+/// go, may hold anything). Refuses attn_mask, need_weights, dropout and gradients by name. Pages
+/// of dtype Char (8-bit, with float, double or bfloat16 queries) need key_scales and value_scales,
+/// float (num_pages, Hkv, page_size) on the pages' device; other pages take none.
 Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_pages,
                            const torch::Tensor& value_pages, const torch::Tensor& cu_seqlens_q,
                            const torch::Tensor& key_lengths, const torch::Tensor& page_table,
                            const functional::ScaledDotProductAttentionOptions& options,
-                           const char* caller);
+                           const char* caller, const torch::Tensor& key_scales = {},
+                           const torch::Tensor& value_scales = {});
 
 /// The page table of a problem made by make_paged_problem, (S, max_pages) int64 on the CPU,
 /// contiguous: what make_paged_problem read and checked.
@@ -46,9 +49,15 @@ bool paged_forward_applies(const torch::Tensor& query);
 /// (their log-sum-exp). `num_splits` 0 decides by the threads and the work; n > 0 asks for n parts
 /// (at most one per 16 keys of the longest item), for tests. Returns (total_q, H, dv) in the
 /// queries' dtype.
+///
+/// 8-bit pages (int8, with float queries or bfloat16 ones) come with their rows' scales,
+/// key_scales (num_pages, Hkv, P) and value_scales alike, float: a key is its codes times its
+/// scale. Undefined for pages of the queries' dtype.
 torch::Tensor paged_forward(const Problem& p, const torch::Tensor& query,
                             const torch::Tensor& key_pages, const torch::Tensor& value_pages,
-                            const torch::Tensor& table, int64_t num_splits = 0);
+                            const torch::Tensor& table, int64_t num_splits = 0,
+                            const torch::Tensor& key_scales = {},
+                            const torch::Tensor& value_scales = {});
 
 /// How many parts the calling thread's last paged_forward() split each item's keys into (1: no
 /// split; 0: no call yet). For tests and diagnostics.

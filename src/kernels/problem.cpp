@@ -516,6 +516,37 @@ Problem make_varlen_problem(const torch::Tensor& query, const torch::Tensor& key
   return p;
 }
 
+namespace {
+
+// 8-bit pages come with a float scale per row, (num_pages, Hkv, P), on the pages' device; pages
+// of the queries' dtype come with none.
+void check_page_scales(const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& key_scales, const torch::Tensor& value_scales,
+                       bool quantized, const char* caller) {
+  if (!quantized) {
+    TORCH_CHECK_VALUE(!key_scales.defined() && !value_scales.defined(), caller,
+                      ": takes key_scales and value_scales only with 8-bit pages (dtype Char), "
+                      "got pages of dtype ",
+                      k.scalar_type());
+    return;
+  }
+  for (const auto& [scales, pages, name] :
+       {std::tuple{&key_scales, &k, "key_scales"}, {&value_scales, &v, "value_scales"}}) {
+    TORCH_CHECK_VALUE(scales->defined(), caller, ": expected ", name,
+                      " with 8-bit pages (a float scale per row: a key is its codes times its "
+                      "scale)");
+    TORCH_CHECK_TYPE(scales->scalar_type() == at::kFloat, caller, ": expected ", name,
+                     " of dtype Float, got ", scales->scalar_type());
+    TORCH_CHECK_VALUE(scales->sizes() == pages->sizes().slice(0, 3), caller, ": expected ", name,
+                      " of shape ", shape_str(pages->sizes().slice(0, 3)),
+                      " (num_pages, Hkv, page_size), got ", shape_str(scales->sizes()));
+    TORCH_CHECK(scales->device() == pages->device(), caller, ": expected ", name,
+                " on the pages' device (", pages->device(), "), got ", scales->device());
+  }
+}
+
+}  // namespace
+
 torch::Tensor paged_table(const torch::Tensor& page_table) {
   return page_table.to(torch::kCPU, torch::kLong).contiguous();
 }
@@ -524,7 +555,8 @@ Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_
                            const torch::Tensor& value_pages, const torch::Tensor& cu_seqlens_q,
                            const torch::Tensor& key_lengths, const torch::Tensor& page_table,
                            const functional::ScaledDotProductAttentionOptions& options,
-                           const char* caller) {
+                           const char* caller, const torch::Tensor& key_scales,
+                           const torch::Tensor& value_scales) {
   const auto& q = query;
   const auto &k = key_pages, &v = value_pages;
   TORCH_CHECK_VALUE(q.defined() && k.defined() && v.defined(), caller,
@@ -538,13 +570,22 @@ Problem make_paged_problem(const torch::Tensor& query, const torch::Tensor& key_
                     "and page_size >= 1, got query ",
                     shape_str(q.sizes()), ", key_pages ", shape_str(k.sizes()), ", value_pages ",
                     shape_str(v.sizes()));
-  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), caller,
-                   ": expected query and pages of one dtype, got ", q.scalar_type(), ", ",
-                   k.scalar_type(), ", ", v.scalar_type());
+  const bool quantized = k.scalar_type() == at::kChar || v.scalar_type() == at::kChar;
+  if (quantized) {
+    TORCH_CHECK_TYPE(k.scalar_type() == at::kChar && v.scalar_type() == at::kChar, caller,
+                     ": expected key_pages and value_pages both of dtype Char (8-bit) or both of "
+                     "the query's dtype, got ",
+                     k.scalar_type(), " and ", v.scalar_type());
+  } else {
+    TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+                     caller, ": expected query and pages of one dtype, got ", q.scalar_type(), ", ",
+                     k.scalar_type(), ", ", v.scalar_type());
+  }
   check_dtype(q.scalar_type(), q.device(), caller);
   TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), caller,
               ": expected query and pages on one device, got ", q.device(), ", ", k.device(), ", ",
               v.device());
+  check_page_scales(k, v, key_scales, value_scales, quantized, caller);
   TORCH_CHECK_VALUE(!options.attn_mask().defined(), caller,
                     ": takes no attn_mask (each query sees the keys of its own sequence, through "
                     "is_causal and the window)");

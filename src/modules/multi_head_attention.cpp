@@ -309,8 +309,9 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
   TORCH_CHECK_VALUE(c.num_kv_heads() == H_kv && c.head_dim() == hd, kForwardPaged,
                     ": expected a cache of num_kv_heads = ", H_kv, " and head_dim = ", hd,
                     " (the module's), got ", c.num_kv_heads(), " and ", c.head_dim());
-  TORCH_CHECK_TYPE(c.dtype() == weight.scalar_type(), kForwardPaged, ": expected a cache of dtype ",
-                   weight.scalar_type(), " (the module's), got ", c.dtype());
+  TORCH_CHECK_TYPE(c.dtype() == weight.scalar_type() || cache.quantized(), kForwardPaged,
+                   ": expected a cache of dtype ", weight.scalar_type(),
+                   " (the module's) or Char (8-bit), got ", c.dtype());
   TORCH_CHECK_VALUE(layer >= 0 && layer < c.num_layers(), kForwardPaged,
                     ": expected a layer in [0, ", c.num_layers(), "), got ", layer);
   // A cache that lets pages go must not drop keys this module's queries still see.
@@ -381,14 +382,14 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
     keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
   }
   cache.write(layer, batch, keys.transpose(0, 1), values);
-  const auto attended =
-      functional::paged_attention(queries.transpose(0, 1), cache.keys(layer), cache.values(layer),
-                                  batch.query_starts(), batch.key_lengths(), batch.page_table(),
-                                  variants(functional::ScaledDotProductAttentionOptions()
-                                               .is_causal(options.causal())
-                                               .block_mask(step.block_mask())
-                                               .score_mod(step.score_mod())
-                                               .backend(step.backend())));
+  const auto attended = functional::paged_attention(
+      queries.transpose(0, 1), cache.keys(layer), cache.key_scales(layer), cache.values(layer),
+      cache.value_scales(layer), batch.query_starts(), batch.key_lengths(), batch.page_table(),
+      variants(functional::ScaledDotProductAttentionOptions()
+                   .is_causal(options.causal())
+                   .block_mask(step.block_mask())
+                   .score_mod(step.score_mod())
+                   .backend(step.backend())));
   const auto context_vec = attended.reshape({total, options.d_out()});
   return out_proj ? detail::project(out_proj, context_vec.unsqueeze(0)).squeeze(0) : context_vec;
 }

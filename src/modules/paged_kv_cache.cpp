@@ -1,6 +1,7 @@
 #include <attention/paged_kv_cache.h>
 
 #include "checks.h"
+#include "memory/int8_rows.h"
 #include "modules/shared.h"
 
 #include <torch/torch.h>
@@ -69,20 +70,32 @@ PagedKVCache::PagedKVCache(const PagedKVCacheOptions& options)
   TORCH_CHECK_VALUE(!o.sliding_window() || *o.sliding_window() >= 1, kName,
                     ": expected sliding_window >= 1 (unset for none), got ", *o.sliding_window());
   const auto dtype = o.dtype();
-  TORCH_CHECK_TYPE(dtype == torch::kFloat || dtype == torch::kDouble || dtype == torch::kBFloat16,
-                   kName, ": expected dtype Float, Double or BFloat16, got ", dtype);
-  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
-  const auto bytes = product(
-      {2, o.num_layers(), o.num_pages(), o.page_size(), o.num_kv_heads(), o.head_dim(), element});
+  TORCH_CHECK_TYPE(dtype == torch::kFloat || dtype == torch::kDouble || dtype == torch::kBFloat16 ||
+                       dtype == torch::kChar,
+                   kName, ": expected dtype Float, Double, BFloat16 or Char (8-bit), got ", dtype);
+  // 8-bit rows carry a float scale each: head_dim + 4 bytes a row.
+  const bool quantized = dtype == torch::kChar;
+  const auto row_bytes =
+      product({o.head_dim(), static_cast<int64_t>(c10::elementSize(dtype))}).value_or(-1);
+  const auto bytes =
+      row_bytes < 0 || (quantized && row_bytes > std::numeric_limits<int64_t>::max() - 4)
+          ? c10::nullopt
+          : product({2, o.num_layers(), o.num_pages(), o.page_size(), o.num_kv_heads(),
+                     row_bytes + (quantized ? 4 : 0)});
   TORCH_CHECK_VALUE(bytes.has_value(), kName, ": a pool of ", o.num_pages(), " pages of ",
                     o.page_size(), " tokens, ", o.num_kv_heads(), " heads of ", o.head_dim(),
                     " features, ", o.num_layers(), " layers in ", dtype,
                     " needs more than 2^63 bytes");
   memory_bytes_ = *bytes;
   // One tensor: a copy-on-write copies a page of every layer's keys and values in one op.
-  pool_ = torch::empty(
+  auto pool = torch::empty(
       {2, o.num_layers(), o.num_pages(), o.num_kv_heads(), o.page_size(), o.head_dim()},
       torch::TensorOptions().dtype(dtype).device(o.device()));
+  if (quantized) {
+    scales_ = torch::empty({2, o.num_layers(), o.num_pages(), o.num_kv_heads(), o.page_size()},
+                           torch::TensorOptions().dtype(torch::kFloat).device(o.device()));
+  }
+  pool_ = std::move(pool);
   free_count_ = o.num_pages();
 }
 
@@ -312,38 +325,58 @@ void PagedKVCache::write(int64_t layer, const PagedBatch& batch, const torch::Te
                       " (total_tokens, num_kv_heads, head_dim), got ",
                       keys.defined() ? detail::shape_str(keys.sizes()) : "undefined", " and ",
                       values.defined() ? detail::shape_str(values.sizes()) : "undefined");
-    TORCH_CHECK_TYPE(t->scalar_type() == o.dtype(), kWrite, ": expected keys and values of dtype ",
-                     o.dtype(), " (the cache's), got ", keys.scalar_type(), " and ",
-                     values.scalar_type());
+    if (quantized()) {
+      TORCH_CHECK_TYPE(t->scalar_type() == torch::kFloat || t->scalar_type() == torch::kDouble ||
+                           t->scalar_type() == torch::kBFloat16,
+                       kWrite,
+                       ": expected keys and values of dtype Float, Double or BFloat16 (the 8-bit "
+                       "cache quantizes them), got ",
+                       keys.scalar_type(), " and ", values.scalar_type());
+    } else {
+      TORCH_CHECK_TYPE(t->scalar_type() == o.dtype(), kWrite,
+                       ": expected keys and values of dtype ", o.dtype(), " (the cache's), got ",
+                       keys.scalar_type(), " and ", values.scalar_type());
+    }
     TORCH_CHECK(t->device() == o.device(), kWrite, ": expected keys and values on ", o.device(),
                 " (the cache's device), got ", keys.device(), " and ", values.device());
   }
   if (batch.total_tokens() == 0) return;
-  const int64_t page_size = o.page_size(), heads = o.num_kv_heads(), d = o.head_dim();
+  if (!quantized()) {
+    scatter(pool_[0][layer], keys.detach().contiguous(), batch);
+    scatter(pool_[1][layer], values.detach().contiguous(), batch);
+    return;
+  }
+  // Both quantized first: a failure leaves the pages as they were.
+  const detail::Int8Rows rows[2] = {detail::quantize_rows(keys), detail::quantize_rows(values)};
   for (int64_t which = 0; which < 2; ++which) {
-    const torch::Tensor* source = which == 0 ? &keys : &values;
-    torch::Tensor pool = pool_[which][layer];
-    const torch::Tensor from = source->detach().contiguous();
-    if (!from.device().is_cpu()) {
-      // (page, head, offset) of each token: advanced indices around a slice put the token dim
-      // first, as `from` has it.
-      const auto slots = torch::tensor(batch.slots_, torch::kLong).to(from.device());
-      pool.index_put_(
-          {slots.div(page_size, "floor"), torch::indexing::Slice(), slots.remainder(page_size)},
-          from);
-      continue;
-    }
-    // On the CPU: one copy of head_dim elements per token and head.
-    const size_t row = static_cast<size_t>(d) * from.element_size();
-    const char* in = static_cast<const char*>(from.data_ptr());
-    char* base = static_cast<char*>(pool.data_ptr());
-    for (int64_t t = 0; t < batch.total_tokens(); ++t) {
-      const int64_t slot = batch.slots_[t];
-      const int64_t page = slot / page_size, offset = slot % page_size;
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t at = ((page * heads + h) * page_size + offset) * d;
-        std::memcpy(base + at * from.element_size(), in + (t * heads + h) * row, row);
-      }
+    scatter(pool_[which][layer], rows[which].codes, batch);
+    scatter(scales_[which][layer].unsqueeze(-1), rows[which].scales.unsqueeze(-1), batch);
+  }
+}
+
+void PagedKVCache::scatter(torch::Tensor pool, const torch::Tensor& from,
+                           const PagedBatch& batch) const {
+  const int64_t page_size = options_.page_size(), heads = options_.num_kv_heads();
+  const int64_t width = from.size(2);
+  if (!from.device().is_cpu()) {
+    // (page, head, offset) of each token: advanced indices around a slice put the token dim
+    // first, as `from` has it.
+    const auto slots = torch::tensor(batch.slots_, torch::kLong).to(from.device());
+    pool.index_put_(
+        {slots.div(page_size, "floor"), torch::indexing::Slice(), slots.remainder(page_size)},
+        from);
+    return;
+  }
+  // On the CPU: one copy of a row per token and head.
+  const size_t row = static_cast<size_t>(width) * from.element_size();
+  const char* in = static_cast<const char*>(from.data_ptr());
+  char* base = static_cast<char*>(pool.data_ptr());
+  for (int64_t t = 0; t < batch.total_tokens(); ++t) {
+    const int64_t slot = batch.slots_[t];
+    const int64_t page = slot / page_size, offset = slot % page_size;
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t at = ((page * heads + h) * page_size + offset) * width;
+      std::memcpy(base + at * from.element_size(), in + (t * heads + h) * row, row);
     }
   }
 }
@@ -361,6 +394,16 @@ torch::Tensor PagedKVCache::keys(int64_t layer) const {
 torch::Tensor PagedKVCache::values(int64_t layer) const {
   check_layer(layer, "attention::PagedKVCache::values");
   return pool_[1][layer];
+}
+
+torch::Tensor PagedKVCache::key_scales(int64_t layer) const {
+  check_layer(layer, "attention::PagedKVCache::key_scales");
+  return quantized() ? scales_[0][layer] : torch::Tensor();
+}
+
+torch::Tensor PagedKVCache::value_scales(int64_t layer) const {
+  check_layer(layer, "attention::PagedKVCache::value_scales");
+  return quantized() ? scales_[1][layer] : torch::Tensor();
 }
 
 int64_t PagedKVCache::length(int64_t sequence) const {
@@ -410,6 +453,7 @@ void PagedKVCache::drop_page(int64_t page) {
 
 void PagedKVCache::copy_page(int64_t from, int64_t to) {
   pool_.select(2, to).copy_(pool_.select(2, from));
+  if (quantized()) scales_.select(2, to).copy_(scales_.select(2, from));
 }
 
 }  // namespace attention

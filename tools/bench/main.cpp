@@ -601,6 +601,48 @@ double read_rate_gb_per_s() {
   return static_cast<double>(bytes) / ms / 1e6;
 }
 
+// The same step over an 8-bit cache: the keys and values written into a PagedKVCache of dtype
+// Char (codes and a scale per row), its pages then laid in the float step's shuffled order. The
+// step time against the float cache's (`float_ms`), and its bytes read per second.
+void bench_int8_decode(const torch::Tensor& packed_q, const torch::Tensor& k,
+                       const torch::Tensor& v, const torch::Tensor& index,
+                       const F::ScaledDotProductAttentionOptions& options, double float_ms) {
+  const int64_t kv_heads = k.size(1), p = k.size(2), d = k.size(3), pages = index.numel();
+  const int64_t page = p / pages;
+  attention::PagedKVCache cache(
+      attention::PagedKVCacheOptions(pages, page, kv_heads, d).dtype(torch::kChar));
+  const int64_t s = cache.add_sequence();
+  cache.write(0, cache.extend({s}, {p}), k[0].transpose(0, 1), v[0].transpose(0, 1));
+  // The cache took pages 0, 1, 2...: page j holds keys [j * page, (j + 1) * page).
+  const auto shuffled = [&](const torch::Tensor& pool) {
+    return torch::empty_like(pool).index_copy_(0, index, pool);
+  };
+  const auto key_pages = shuffled(cache.keys(0)), value_pages = shuffled(cache.values(0));
+  const auto key_scales = shuffled(cache.key_scales(0));
+  const auto value_scales = shuffled(cache.value_scales(0));
+  const auto table = index.view({1, pages});
+  const auto starts = torch::tensor({int64_t{0}, int64_t{1}});
+  const auto lengths = torch::tensor({p});
+  const auto step = [&] {
+    F::paged_attention(packed_q, key_pages, key_scales, value_pages, value_scales, starts, lengths,
+                       table, options);
+  };
+  const double bytes = 2.0 * kv_heads * p * (d + 4);
+  const double all_threads = median_ms(step, settings.repeats * 4);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const double one_thread = median_ms(step, settings.repeats * 4);
+  at::set_num_threads(threads);
+  const std::string impl = fmt::format("cpp.int8.kv{}", kv_heads);
+  record_rate("paged-decode", impl + ".paged", p, all_threads, bytes);
+  record_rate("paged-decode", impl + ".paged_one_thread", p, one_thread, bytes);
+  progress(fmt::format(
+      "paged-decode int8 kv{} {}: step time / float32's = {:.3f} (target <= 0.4); bytes per "
+      "token {:.0f} of float32's {:.0f} = {:.3f}; reads {:.1f} GB/s",
+      kv_heads, p, all_threads / float_ms, 2.0 * kv_heads * (d + 4), 2.0 * kv_heads * d * 4,
+      (d + 4) / (4.0 * d), bytes / all_threads / 1e6));
+}
+
 // One sequence's decoding step (32 query heads of 128 features; 8 key/value heads, and 1:
 // multi-query) at positions 4096 to 32768, float32 and bfloat16: the attention core on contiguous
 // keys (Chunked) and through a paged cache's table (pages of 16 tokens in shuffled order), the
@@ -678,6 +720,7 @@ void bench_paged_decode() {
           record_rate("paged-decode", impl + ".paged_block_mask", p, gathered, bytes);
           progress(fmt::format("paged-decode {} kv{} {}: with a block mask / without = {:.2f}",
                                type, kv_heads, p, gathered / all_threads));
+          bench_int8_decode(packed_q, k, v, index, options, all_threads);
         }
       }
     }

@@ -7,7 +7,8 @@
 // lane) do not. Here a row meets a group of keys at a time (16 on AVX-512F, 8 on AVX2), each key's
 // partial sums kept in a register of its own and the group's sums gathered into one register by a
 // tree of shuffles; the weighted values keep a row's output in registers while its keys go by.
-// bfloat16 keys and values are widened on load (a bfloat16 is a float's upper half). One set per
+// bfloat16 keys and values are widened on load (a bfloat16 is a float's upper half), 8-bit ones
+// converted on load and their row's scale applied once per score and once per weight. One set per
 // instruction set (kernels/cpu/decode_products_avx512.cpp, kernels/cpu/decode_products_avx2.cpp),
 // chosen at run time as the exponential passes are (kernels/cpu/softmax.h).
 
@@ -39,6 +40,14 @@ struct DecodeProducts {
   /// The same with bfloat16 values.
   void (*values_bf16)(const float* p, int64_t ld, int64_t rows, const uint16_t* const* values,
                       int64_t cols, float* acc, int64_t dv);
+
+  /// Scores against 8-bit keys: s[r * ld + j] = key_scales[j] * sum_c q[r * d + c] * keys[j][c].
+  void (*scores_i8)(const float* q, int64_t rows, int64_t d, const int8_t* const* keys,
+                    const float* key_scales, int64_t cols, float* s, int64_t ld);
+  /// Weighted 8-bit values: acc[r * dv + c] += sum_j p[r * ld + j] * value_scales[j] *
+  /// values[j][c], over the j with p[r * ld + j] != 0 (as `values`).
+  void (*values_i8)(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
+                    const float* value_scales, int64_t cols, float* acc, int64_t dv);
 };
 
 /// The products the paged forward takes in this process, decided once as softmax_passes() is:

@@ -37,6 +37,11 @@ ATTENTION_AVX512 ATTENTION_ALWAYS_INLINE __m512 load16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
+ATTENTION_AVX512 ATTENTION_ALWAYS_INLINE __m512 load16(const int8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+
 // 128-bit lanes [a0 + a1, a2 + a3, b0 + b1, b2 + b3].
 ATTENTION_AVX512 ATTENTION_ALWAYS_INLINE __m512 fold_lanes(__m512 a, __m512 b) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
@@ -76,7 +81,7 @@ ATTENTION_AVX512 ATTENTION_ALWAYS_INLINE void prefetch_rows(const In* const* row
 
 template <typename In>
 ATTENTION_AVX512 void scores_avx512(const float* q, int64_t rows, int64_t d, const In* const* keys,
-                                    int64_t cols, float* s, int64_t ld) {
+                                    const float* key_scales, int64_t cols, float* s, int64_t ld) {
   for (int64_t j0 = 0; j0 < cols; j0 += 16) {
     const int64_t n = std::min<int64_t>(16, cols - j0);
     // A short last group repeats its first key in the missing places; their sums are not stored.
@@ -92,7 +97,11 @@ ATTENTION_AVX512 void scores_avx512(const float* q, int64_t rows, int64_t d, con
         const __m512 x = _mm512_loadu_ps(row + c);
         for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(x, load16(k[i] + c), acc[i]);
       }
-      _mm512_mask_storeu_ps(s + r * ld + j0, stored, sum_each(acc));
+      __m512 sums = sum_each(acc);
+      if (key_scales != nullptr) {
+        sums = _mm512_mul_ps(sums, _mm512_maskz_loadu_ps(stored, key_scales + j0));
+      }
+      _mm512_mask_storeu_ps(s + r * ld + j0, stored, sums);
     }
   }
 }
@@ -100,63 +109,140 @@ ATTENTION_AVX512 void scores_avx512(const float* q, int64_t rows, int64_t d, con
 // One row's output features [0, 16 * Chunks) over every key, in registers.
 template <int Chunks, typename In>
 ATTENTION_AVX512 ATTENTION_ALWAYS_INLINE void weigh_values(const float* p, const In* const* values,
-                                                           int64_t cols, int64_t c0, float* acc) {
+                                                           const float* scales, int64_t cols,
+                                                           int64_t c0, float* acc) {
   __m512 a[Chunks];
   for (int i = 0; i < Chunks; ++i) a[i] = _mm512_loadu_ps(acc + 16 * i);
   for (int64_t j = 0; j < cols; ++j) {
     if (p[j] == 0.0f) continue;
-    const __m512 w = _mm512_set1_ps(p[j]);
+    const __m512 w = _mm512_set1_ps(scales != nullptr ? p[j] * scales[j] : p[j]);
     const In* v = values[j] + c0;
     for (int i = 0; i < Chunks; ++i) a[i] = _mm512_fmadd_ps(w, load16(v + 16 * i), a[i]);
   }
   for (int i = 0; i < Chunks; ++i) _mm512_storeu_ps(acc + 16 * i, a[i]);
 }
 
+// Rows' outputs over keys [0, cols): each row's features a register block at a time.
 template <typename In>
-ATTENTION_AVX512 void values_avx512(const float* p, int64_t ld, int64_t rows,
-                                    const In* const* values, int64_t cols, float* acc, int64_t dv) {
+ATTENTION_AVX512 ATTENTION_ALWAYS_INLINE void weigh_rows(const float* p, int64_t ld, int64_t rows,
+                                                         const In* const* values,
+                                                         const float* value_scales, int64_t cols,
+                                                         float* acc, int64_t dv) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* weights = p + r * ld;
     float* out = acc + r * dv;
     for (int64_t c0 = 0; c0 < dv; c0 += 128) {
       switch (std::min<int64_t>(8, (dv - c0) / 16)) {
         case 8:
-          weigh_values<8>(weights, values, cols, c0, out + c0);
+          weigh_values<8>(weights, values, value_scales, cols, c0, out + c0);
           break;
         case 7:
-          weigh_values<7>(weights, values, cols, c0, out + c0);
+          weigh_values<7>(weights, values, value_scales, cols, c0, out + c0);
           break;
         case 6:
-          weigh_values<6>(weights, values, cols, c0, out + c0);
+          weigh_values<6>(weights, values, value_scales, cols, c0, out + c0);
           break;
         case 5:
-          weigh_values<5>(weights, values, cols, c0, out + c0);
+          weigh_values<5>(weights, values, value_scales, cols, c0, out + c0);
           break;
         case 4:
-          weigh_values<4>(weights, values, cols, c0, out + c0);
+          weigh_values<4>(weights, values, value_scales, cols, c0, out + c0);
           break;
         case 3:
-          weigh_values<3>(weights, values, cols, c0, out + c0);
+          weigh_values<3>(weights, values, value_scales, cols, c0, out + c0);
           break;
         case 2:
-          weigh_values<2>(weights, values, cols, c0, out + c0);
+          weigh_values<2>(weights, values, value_scales, cols, c0, out + c0);
           break;
         default:
-          weigh_values<1>(weights, values, cols, c0, out + c0);
+          weigh_values<1>(weights, values, value_scales, cols, c0, out + c0);
           break;
       }
     }
   }
 }
 
+template <typename In>
+ATTENTION_AVX512 void values_avx512(const float* p, int64_t ld, int64_t rows,
+                                    const In* const* values, const float* value_scales,
+                                    int64_t cols, float* acc, int64_t dv) {
+  weigh_rows(p, ld, rows, values, value_scales, cols, acc, dv);
+}
+
+// 8-bit keys and values for several rows: a group of 16 widened once into floats (values times
+// their scales) that stay in the first-level cache while every row meets them, rather than
+// widened again for each row; one row, or rows longer than kWidest, widen in registers.
+constexpr int64_t kWidest = 256;
+
+ATTENTION_AVX512 ATTENTION_ALWAYS_INLINE void widen_group(const int8_t* const* rows, int64_t n,
+                                                          int64_t width, const float* scales,
+                                                          float* wide, const float** to) {
+  for (int64_t i = 0; i < n; ++i) {
+    const __m512 scale = _mm512_set1_ps(scales != nullptr ? scales[i] : 1.0f);
+    for (int64_t c = 0; c < width; c += 16) {
+      _mm512_storeu_ps(wide + i * width + c, _mm512_mul_ps(scale, load16(rows[i] + c)));
+    }
+    to[i] = wide + i * width;
+  }
+}
+
+ATTENTION_AVX512 void scores_i8_avx512(const float* q, int64_t rows, int64_t d,
+                                       const int8_t* const* keys, const float* key_scales,
+                                       int64_t cols, float* s, int64_t ld) {
+  if (rows == 1 || d > kWidest) {
+    scores_avx512<int8_t>(q, rows, d, keys, key_scales, cols, s, ld);
+    return;
+  }
+  alignas(64) float wide[16 * kWidest];
+  const float* group[16];
+  for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, cols - j0);
+    prefetch_rows(keys + j0 + n, std::min<int64_t>(16, cols - j0 - n), d);
+    // Codes only: the scale multiplies each sum once.
+    widen_group(keys + j0, n, d, nullptr, wide, group);
+    scores_avx512<float>(q, rows, d, group, key_scales + j0, n, s + j0, ld);
+  }
+}
+
+ATTENTION_AVX512 void values_i8_avx512(const float* p, int64_t ld, int64_t rows,
+                                       const int8_t* const* values, const float* value_scales,
+                                       int64_t cols, float* acc, int64_t dv) {
+  if (rows == 1 || dv > kWidest) {
+    weigh_rows(p, ld, rows, values, value_scales, cols, acc, dv);
+    return;
+  }
+  alignas(64) float wide[16 * kWidest];
+  const float* group[16];
+  for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, cols - j0);
+    prefetch_rows(values + j0 + n, std::min<int64_t>(16, cols - j0 - n), dv);
+    widen_group(values + j0, n, dv, value_scales + j0, wide, group);
+    weigh_rows<float>(p + j0, ld, rows, group, nullptr, n, acc, dv);
+  }
+}
+
 #undef ATTENTION_AVX512
+
+// Float and bfloat16 rows carry no scales.
+template <typename In>
+void plain_scores(const float* q, int64_t rows, int64_t d, const In* const* keys, int64_t cols,
+                  float* s, int64_t ld) {
+  scores_avx512<In>(q, rows, d, keys, nullptr, cols, s, ld);
+}
+template <typename In>
+void plain_values(const float* p, int64_t ld, int64_t rows, const In* const* values, int64_t cols,
+                  float* acc, int64_t dv) {
+  values_avx512<In>(p, ld, rows, values, nullptr, cols, acc, dv);
+}
 
 constexpr DecodeProducts kAvx512Products{"avx512",
                                          16,
-                                         scores_avx512<float>,
-                                         scores_avx512<uint16_t>,
-                                         values_avx512<float>,
-                                         values_avx512<uint16_t>};
+                                         plain_scores<float>,
+                                         plain_scores<uint16_t>,
+                                         plain_values<float>,
+                                         plain_values<uint16_t>,
+                                         scores_i8_avx512,
+                                         values_i8_avx512};
 
 }  // namespace
 

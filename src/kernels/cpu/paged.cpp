@@ -62,6 +62,11 @@ ATTENTION_ALWAYS_INLINE float widen(float x) {
 ATTENTION_ALWAYS_INLINE double widen(double x) {
   return x;
 }
+// An 8-bit key or value is widened without its row's scale, which is applied once per score and
+// once per weight.
+ATTENTION_ALWAYS_INLINE float widen(int8_t x) {
+  return static_cast<float>(x);
+}
 static_assert(sizeof(c10::BFloat16) == sizeof(uint16_t), "the vector products read its bits");
 
 // bfloat16 is the upper half of a float: widening is a shift.
@@ -73,24 +78,37 @@ ATTENTION_ALWAYS_INLINE float widen(c10::BFloat16 x) {
 }
 
 // The pages of keys or values: row j of key/value head kv of a sequence is slot j % P of page
-// table[j / P].
+// table[j / P]. 8-bit pages have a scale per row, (num_pages, Hkv, P) floats contiguous.
 template <typename In>
 struct Pages {
   const In* data;
   int64_t page_stride, head_stride, row_stride, page_size;
-  explicit Pages(const Tensor& t)
+  const float* scales = nullptr;
+  int64_t scale_page_stride = 0, scale_head_stride = 0;  // a row's scales are contiguous
+  Pages(const Tensor& t, const Tensor& row_scales)
       : data(t.data_ptr<In>()),
         page_stride(t.stride(0)),
         head_stride(t.stride(1)),
         row_stride(t.stride(2)),
-        page_size(t.size(2)) {}
-  // Where rows [first, first + count) of key/value head kv lie: one division for all of them.
-  void rows(const int64_t* table, int64_t kv, int64_t first, int64_t count, const In** to) const {
+        page_size(t.size(2)) {
+    if constexpr (std::is_same_v<In, int8_t>) {
+      scales = row_scales.data_ptr<float>();
+      scale_page_stride = row_scales.stride(0);
+      scale_head_stride = row_scales.stride(1);
+    }
+  }
+  // Where rows [first, first + count) of key/value head kv lie, and for 8-bit pages their scales:
+  // one division for all of them.
+  void rows(const int64_t* table, int64_t kv, int64_t first, int64_t count, const In** to,
+            float* scale_to) const {
     int64_t page = first / page_size, slot = first % page_size;
     const In* at = data + table[page] * page_stride + kv * head_stride + slot * row_stride;
     for (int64_t j = 0; j < count; ++j) {
       to[j] = at;
       at += row_stride;
+      if constexpr (std::is_same_v<In, int8_t>) {
+        scale_to[j] = scales[table[page] * scale_page_stride + kv * scale_head_stride + slot];
+      }
       if (++slot == page_size && j + 1 < count) {
         slot = 0;
         at = data + table[++page] * page_stride + kv * head_stride;
@@ -99,15 +117,22 @@ struct Pages {
   }
 };
 
-// A row of keys or values into the matrix products' buffer: copied, or widened from bfloat16
-// (on the processor's widest vectors: this file is built for the baseline instruction set).
+// A row of keys or values into the matrix products' buffer: copied, or widened from bfloat16 or
+// from 8 bits times the row's scale (on the processor's widest vectors: this file is built for
+// the baseline instruction set).
 ATTENTION_MULTIVERSION void widen_bf16_row(const uint16_t* in, float* out, int64_t n) {
   for (int64_t c = 0; c < n; ++c) out[c] = widen(c10::BFloat16(in[c], c10::BFloat16::from_bits()));
 }
+ATTENTION_MULTIVERSION void widen_i8_row(const int8_t* in, float scale, float* out, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) out[c] = static_cast<float>(in[c]) * scale;
+}
 template <typename In, typename Acc>
-void copy_row(const In* in, Acc* out, int64_t n) {
+void copy_row(const In* in, float scale, Acc* out, int64_t n) {
   if constexpr (std::is_same_v<In, Acc>) {
     std::memcpy(out, in, static_cast<size_t>(n) * sizeof(Acc));
+  } else if constexpr (std::is_same_v<In, int8_t>) {
+    static_assert(std::is_same_v<Acc, float>);
+    widen_i8_row(in, scale, out, n);
   } else {
     static_assert(std::is_same_v<In, c10::BFloat16> && std::is_same_v<Acc, float>);
     widen_bf16_row(reinterpret_cast<const uint16_t*>(in), out, n);
@@ -135,13 +160,14 @@ struct PagedItem {
 template <typename In, typename Acc>
 class PagedForward {
  public:
-  PagedForward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-               const Tensor& out, const Tensor& table, int64_t num_splits)
+  PagedForward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& k_scales,
+               const Tensor& v, const Tensor& v_scales, const Tensor& out, const Tensor& table,
+               int64_t num_splits)
       : p_(p),
         q_(q),
         out_(out),
-        k_(k),
-        v_(v),
+        k_(k, k_scales),
+        v_(v, v_scales),
         table_(table.data_ptr<int64_t>()),
         table_ld_(table.size(1)),
         num_splits_(num_splits) {
@@ -256,6 +282,7 @@ class PagedForward {
     Acc *acc, *max, *sum, *q, *s;
     const In** k_ptr;
     const In** v_ptr;
+    float *k_scale, *v_scale;  // the tile's rows' scales (8-bit pages)
     int64_t* lo;
     int64_t* hi;
     Acc *q_t = nullptr, *keys = nullptr, *values = nullptr, *s_t = nullptr, *scratch = nullptr;
@@ -268,6 +295,8 @@ class PagedForward {
           s(lease.take<Acc>(rows * kScoresLd)),
           k_ptr(lease.take<const In*>(kMatrixKeyTile)),
           v_ptr(lease.take<const In*>(kMatrixKeyTile)),
+          k_scale(lease.take<float>(kMatrixKeyTile)),
+          v_scale(lease.take<float>(kMatrixKeyTile)),
           lo(lease.take<int64_t>(rows)),
           hi(lease.take<int64_t>(rows)) {
       if (!matrix) return;
@@ -283,7 +312,7 @@ class PagedForward {
       size_t total = L::tile_bytes<Acc>(rows * p.dv) + 2 * L::tile_bytes<Acc>(rows) +
                      L::tile_bytes<Acc>(rows * p.d) + L::tile_bytes<Acc>(rows * kScoresLd) +
                      2 * L::tile_bytes<const In*>(kMatrixKeyTile) +
-                     2 * L::tile_bytes<int64_t>(rows);
+                     2 * L::tile_bytes<float>(kMatrixKeyTile) + 2 * L::tile_bytes<int64_t>(rows);
       if (matrix) {
         total += L::tile_bytes<Acc>(p.d * rows) + L::tile_bytes<Acc>(kMatrixKeys * p.d) +
                  L::tile_bytes<Acc>(kMatrixKeys * p.dv) + L::tile_bytes<Acc>(kMatrixKeys * rows) +
@@ -372,13 +401,24 @@ class PagedForward {
       }
     }
     if (hi <= lo) return;  // no row sees a key of this tile
-    k_.rows(table, it.kv, j0 + lo, hi - lo, w.k_ptr + lo);
-    v_.rows(table, it.kv, j0 + lo, hi - lo, w.v_ptr + lo);
+    k_.rows(table, it.kv, j0 + lo, hi - lo, w.k_ptr + lo, w.k_scale + lo);
+    v_.rows(table, it.kv, j0 + lo, hi - lo, w.v_ptr + lo, w.v_scale + lo);
+    if constexpr (std::is_same_v<In, int8_t>) {
+      // 8-bit rows are short: the next tile is asked for too, or too few bytes are on their way
+      // at once for the memory to deliver its rate.
+      const int64_t next = std::min(kPagedKeyTile, it.key_end - (j0 + cols));
+      if (next > 0 && cols + next <= kMatrixKeyTile) {
+        k_.rows(table, it.kv, j0 + cols, next, w.k_ptr + cols, w.k_scale + cols);
+        v_.rows(table, it.kv, j0 + cols, next, w.v_ptr + cols, w.v_scale + cols);
+        prefetch_rows(w.k_ptr + cols, next, d);
+        prefetch_rows(w.v_ptr + cols, next, dv);
+      }
+    }
     // Scores of every row against the keys some row sees, while the values they weigh are on
     // their way to the cache (rows a page apart are in no order a hardware prefetcher follows).
     if (products_ != nullptr) {
       prefetch_rows(w.v_ptr + lo, hi - lo, dv);
-      vector_scores(w.q, rows, w.k_ptr + lo, hi - lo, w.s + lo, ld);
+      vector_scores(w.q, rows, w.k_ptr + lo, w.k_scale + lo, hi - lo, w.s + lo, ld);
     } else {
       for (int64_t j = lo; j < hi; ++j) {
         const In* key = w.k_ptr[j];
@@ -387,6 +427,7 @@ class PagedForward {
           Acc dot = 0;
 #pragma omp simd reduction(+ : dot)
           for (int64_t c = 0; c < d; ++c) dot += q[c] * widen(key[c]);
+          if constexpr (std::is_same_v<In, int8_t>) dot *= w.k_scale[j];
           w.s[r * ld + j] = dot;
         }
       }
@@ -412,14 +453,15 @@ class PagedForward {
     }
     // The weighted values (a value a row gives no weight is not read for it).
     if (products_ != nullptr) {
-      vector_values(w.s + lo, ld, rows, w.v_ptr + lo, hi - lo, w.acc);
+      vector_values(w.s + lo, ld, rows, w.v_ptr + lo, w.v_scale + lo, hi - lo, w.acc);
       return;
     }
     for (int64_t j = lo; j < hi; ++j) {
       const In* value = w.v_ptr[j];
       for (int64_t r = 0; r < rows; ++r) {
-        const Acc weight = w.s[r * ld + j];
+        Acc weight = w.s[r * ld + j];
         if (weight == Acc(0)) continue;
+        if constexpr (std::is_same_v<In, int8_t>) weight *= w.v_scale[j];
         Acc* acc = w.acc + r * dv;
 #pragma omp simd
         for (int64_t c = 0; c < dv; ++c) acc[c] += weight * widen(value[c]);
@@ -465,11 +507,11 @@ class PagedForward {
     const int64_t rows = p_.g * it.nq, d = p_.d, dv = p_.dv, ld = kScoresLd;
     const int64_t padded =
         (cols + cpu::kSmallGemmGranule - 1) / cpu::kSmallGemmGranule * cpu::kSmallGemmGranule;
-    k_.rows(table, it.kv, j0, cols, w.k_ptr);
-    v_.rows(table, it.kv, j0, cols, w.v_ptr);
+    k_.rows(table, it.kv, j0, cols, w.k_ptr, w.k_scale);
+    v_.rows(table, it.kv, j0, cols, w.v_ptr, w.v_scale);
     for (int64_t j = 0; j < cols; ++j) {
-      copy_row(w.k_ptr[j], w.keys + j * d, d);
-      copy_row(w.v_ptr[j], w.values + j * dv, dv);
+      copy_row(w.k_ptr[j], w.k_scale[j], w.keys + j * d, d);
+      copy_row(w.v_ptr[j], w.v_scale[j], w.values + j * dv, dv);
     }
     std::fill(w.keys + cols * d, w.keys + padded * d, Acc(0));
     std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
@@ -478,8 +520,8 @@ class PagedForward {
     // the same keys one after another, from the cache.
     const int64_t next = std::min(kMatrixKeyTile, it.key_end - (j0 + cols));
     if (next > 0 && ps.t_q * p_.g <= kMatrixItemRows) {
-      k_.rows(table, it.kv, j0 + cols, next, w.k_ptr);
-      v_.rows(table, it.kv, j0 + cols, next, w.v_ptr);
+      k_.rows(table, it.kv, j0 + cols, next, w.k_ptr, w.k_scale);
+      v_.rows(table, it.kv, j0 + cols, next, w.v_ptr, w.v_scale);
       prefetch_rows(w.k_ptr, next, d);
       prefetch_rows(w.v_ptr, next, dv);
     }
@@ -498,11 +540,13 @@ class PagedForward {
     ++matrix_tiles_;
   }
 
-  // The products on this processor's vector instructions (products_ is set for float and
-  // bfloat16 inputs only, whose bfloat16 is a uint16_t's bits).
-  void vector_scores(const Acc* q, int64_t rows, const In* const* keys, int64_t cols, Acc* s,
-                     int64_t ld) const {
-    if constexpr (std::is_same_v<In, float>) {
+  // The products on this processor's vector instructions (products_ is set for float, bfloat16
+  // and 8-bit inputs only, whose bfloat16 is a uint16_t's bits).
+  void vector_scores(const Acc* q, int64_t rows, const In* const* keys, const float* scales,
+                     int64_t cols, Acc* s, int64_t ld) const {
+    if constexpr (std::is_same_v<In, int8_t>) {
+      products_->scores_i8(q, rows, p_.d, keys, scales, cols, s, ld);
+    } else if constexpr (std::is_same_v<In, float>) {
       products_->scores(q, rows, p_.d, keys, cols, s, ld);
     } else if constexpr (std::is_same_v<In, c10::BFloat16>) {
       products_->scores_bf16(q, rows, p_.d, reinterpret_cast<const uint16_t* const*>(keys), cols, s,
@@ -510,8 +554,10 @@ class PagedForward {
     }
   }
   void vector_values(const Acc* weights, int64_t ld, int64_t rows, const In* const* values,
-                     int64_t cols, Acc* acc) const {
-    if constexpr (std::is_same_v<In, float>) {
+                     const float* scales, int64_t cols, Acc* acc) const {
+    if constexpr (std::is_same_v<In, int8_t>) {
+      products_->values_i8(weights, ld, rows, values, scales, cols, acc, p_.dv);
+    } else if constexpr (std::is_same_v<In, float>) {
       products_->values(weights, ld, rows, values, cols, acc, p_.dv);
     } else if constexpr (std::is_same_v<In, c10::BFloat16>) {
       products_->values_bf16(weights, ld, rows, reinterpret_cast<const uint16_t* const*>(values),
@@ -610,7 +656,8 @@ bool paged_forward_applies(const Tensor& query) {
 }
 
 Tensor paged_forward(const Problem& p, const Tensor& query, const Tensor& key_pages,
-                     const Tensor& value_pages, const Tensor& table, int64_t num_splits) {
+                     const Tensor& value_pages, const Tensor& table, int64_t num_splits,
+                     const Tensor& key_scales, const Tensor& value_scales) {
   const auto dtype = query.scalar_type();
   const auto acc_dtype = dtype == at::kBFloat16 ? at::kFloat : dtype;
   // The queries in the computing dtype, (total_q, H, d) contiguous; read as (H, total_q, d).
@@ -618,12 +665,18 @@ Tensor paged_forward(const Problem& p, const Tensor& query, const Tensor& key_pa
   const Tensor out = torch::empty({query.size(0), query.size(1), p.dv}, q.options());
   const Tensor k = rows_in_place(key_pages), v = rows_in_place(value_pages);
   const Tensor q_heads = q.transpose(0, 1), out_heads = out.transpose(0, 1);
-  if (dtype == at::kBFloat16) {
-    PagedForward<c10::BFloat16, float>(p, q_heads, k, v, out_heads, table, num_splits).run();
+  if (key_pages.scalar_type() == at::kChar) {
+    TORCH_INTERNAL_ASSERT(acc_dtype == at::kFloat, "8-bit pages are read for float queries");
+    const Tensor ks = key_scales.stride(2) == 1 ? key_scales : key_scales.contiguous();
+    const Tensor vs = value_scales.stride(2) == 1 ? value_scales : value_scales.contiguous();
+    PagedForward<int8_t, float>(p, q_heads, k, ks, v, vs, out_heads, table, num_splits).run();
+  } else if (dtype == at::kBFloat16) {
+    PagedForward<c10::BFloat16, float>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits)
+        .run();
   } else if (dtype == at::kFloat) {
-    PagedForward<float, float>(p, q_heads, k, v, out_heads, table, num_splits).run();
+    PagedForward<float, float>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits).run();
   } else {
-    PagedForward<double, double>(p, q_heads, k, v, out_heads, table, num_splits).run();
+    PagedForward<double, double>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits).run();
   }
   return acc_dtype == dtype ? out : out.to(dtype);
 }
