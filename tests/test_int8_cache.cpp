@@ -394,3 +394,83 @@ TEST_CASE("int8 cache: bad input is refused by name", "[int8_cache]") {
   CHECK_THROWS_C10(cache.key_scales(1), c10::ValueError,
                    "attention::PagedKVCache::key_scales: expected a layer in [0, 1), got 1");
 }
+
+TEST_CASE("int8 KVCache: a module decodes from the codes in place, as from what they stand for",
+          "[int8_cache]") {
+  using attention::KVCache;
+  using attention::MultiHeadAttentionForwardOptions;
+  torch::NoGradGuard no_grad;
+  const std::vector<std::pair<std::string, attention::MultiHeadAttentionOptions>> modules = {
+      {"gqa, rope", attention::MultiHeadAttentionOptions(32, 64, 4).num_kv_heads(2).rope(
+                        F::RotaryOptions().theta(10000.0))},
+      {"mqa, window, alibi, sinks", attention::MultiHeadAttentionOptions(32, 64, 4)
+                                        .num_kv_heads(1)
+                                        .sliding_window(9)
+                                        .alibi(true)
+                                        .sinks(true)},
+  };
+  for (const auto& [name, options] : modules) {
+    INFO(name);
+    torch::manual_seed(21);
+    attention::MultiHeadAttention mha(options);
+    const auto x = torch::randn({2, 40, 32});
+    // In place; through append()'s keys and values (weights asked for: the fallback); float.
+    KVCache in_place(64, torch::kChar), through_append(64, torch::kChar), float32(64);
+    double in_place_vs_append = 0, int8_vs_float = 0;
+    for (int64_t t = 0; t < 40; t += t < 30 ? 30 : 1) {  // a prompt of 30, then one at a time
+      const auto step = x.narrow(1, t, t < 30 ? 30 : 1);
+      const auto a = mha(step, MultiHeadAttentionForwardOptions().kv_cache(&in_place)).output;
+      CHECK(F::last_path() == F::Path::ChunkedFused);
+      const auto b =
+          mha(step, MultiHeadAttentionForwardOptions().kv_cache(&through_append).need_weights(true))
+              .output;
+      const auto c = mha(step, MultiHeadAttentionForwardOptions().kv_cache(&float32)).output;
+      in_place_vs_append = std::max(in_place_vs_append, test::max_abs_diff(a, b));
+      int8_vs_float =
+          std::max(int8_vs_float, test::max_abs_diff(a, c) / c.abs().max().item<double>());
+    }
+    CHECK(in_place_vs_append < 2e-5);
+    CHECK(int8_vs_float < 0.02);
+    CHECK(int8_vs_float > 0.0);
+    CHECK(in_place.length() == 40);
+    CHECK(in_place.keys().scalar_type() == torch::kChar);
+    CHECK(in_place.key_scales().sizes() == torch::IntArrayRef({2, options.num_kv_heads(), 40}));
+  }
+}
+
+TEST_CASE("int8 KVCache: append returns what the codes stand for; refusals change nothing",
+          "[int8_cache]") {
+  using attention::KVCache;
+  torch::NoGradGuard no_grad;
+  KVCache cache(8, torch::kChar);
+  CHECK(cache.quantized());
+  CHECK_FALSE(cache.key_scales().defined());
+  const auto k = torch::randn({1, 2, 3, 16}), v = torch::randn({1, 2, 3, 16});
+  const auto [keys, values] = cache.append(k, v);
+  CHECK(keys.scalar_type() == torch::kFloat);
+  // Codes times scales rounded once to float (the exact product has 8 + 24 bits).
+  CHECK(torch::equal(keys, dequantized(cache.keys(), cache.key_scales()).to(torch::kFloat)));
+  CHECK(torch::equal(values, dequantized(cache.values(), cache.value_scales()).to(torch::kFloat)));
+  CHECK(((keys - k).abs() <= cache.key_scales().unsqueeze(-1) * 0.5000001).all().item<bool>());
+  // Refused: too many tokens, another dtype, codes; the cache is as it was.
+  const auto codes = cache.keys().clone();
+  CHECK_THROWS_C10(cache.append(torch::randn({1, 2, 6, 16}), torch::randn({1, 2, 6, 16})),
+                   c10::ValueError,
+                   "attention::KVCache: cannot append 6 token(s) to the 3 cached: max_length is 8");
+  CHECK_THROWS_C10(cache.write(k.to(torch::kDouble), v.to(torch::kDouble)), c10::TypeError,
+                   "attention::KVCache: expected keys and values of dtype Float, got Double and "
+                   "Double");
+  CHECK_THROWS_C10(cache.write(k.to(torch::kChar), v.to(torch::kChar)), c10::TypeError,
+                   "attention::KVCache: expected floating keys and values of one dtype, got Char "
+                   "and Char");
+  CHECK(cache.length() == 3);
+  CHECK(torch::equal(cache.keys(), codes));
+  CHECK_THROWS_C10(KVCache(8, torch::kFloat), c10::TypeError,
+                   "attention::KVCache: expected storage Char (8-bit codes and scales), got Float "
+                   "(a cache in the appended dtype takes no storage argument)");
+  CHECK_THROWS_C10(KVCache(0, torch::kChar), c10::ValueError,
+                   "attention::KVCache: expected max_length > 0, got 0");
+  CHECK_THROWS_C10(KVCache(std::numeric_limits<int64_t>::max(), torch::kChar)
+                       .append(torch::randn({1, 2, 1, 16}), torch::randn({1, 2, 1, 16})),
+                   c10::ValueError, "would exceed 2^63 - 1 bytes");
+}

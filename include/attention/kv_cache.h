@@ -27,6 +27,11 @@ namespace attention {
 /// gradient), append() returns the cached tokens followed by the new keys and values themselves
 /// (a copy, not a view), so the gradient reaches this step's keys and values.
 ///
+/// 8 bits: KVCache(max_length, torch::kChar) keeps each token's row of each head as int8 codes
+/// and a float scale (max|x| / 127), a quarter of float's bytes (PagedKVCache's format; see
+/// docs/SERVING.md). append() then returns what the codes stand for (a copy in the appended
+/// dtype); MultiHeadAttention reads the codes in place instead (write(), keys(), key_scales()).
+///
 /// Example:
 /// \code
 /// attention::KVCache cache(/*max_length=*/1024);
@@ -38,6 +43,10 @@ class ATTENTION_API KVCache {
  public:
   /// An empty cache for up to `max_length` tokens; throws c10::ValueError unless positive.
   explicit KVCache(int64_t max_length);
+  /// An empty cache that keeps its tokens in `storage`: torch::kChar, 8-bit codes and a float
+  /// scale per token and head (the only storage other than the appended dtype). Throws
+  /// c10::ValueError unless max_length is positive, c10::TypeError for another storage.
+  KVCache(int64_t max_length, torch::Dtype storage);
 
   /// Appends keys and values (B, Hkv, T_new, head_dim) and returns everything cached,
   /// (B, Hkv, length(), head_dim): views of the storage, or, when autograd records the new
@@ -46,6 +55,10 @@ class ATTENTION_API KVCache {
   /// the earlier appends.
   std::pair<torch::Tensor, torch::Tensor> append(const torch::Tensor& keys,
                                                  const torch::Tensor& values);
+  /// Appends as append() does and returns nothing: for readers of keys() and values() in place
+  /// (an 8-bit cache's codes with key_scales() and value_scales()). The same checks; nothing is
+  /// written when one fails.
+  void write(const torch::Tensor& keys, const torch::Tensor& values);
 
   /// Forgets every cached token; the storage is kept for reuse.
   void reset() { length_ = 0; }
@@ -59,16 +72,33 @@ class ATTENTION_API KVCache {
   /// Most tokens the cache holds.
   int64_t max_length() const { return max_length_; }
 
-  /// Cached keys, (B, Hkv, length(), head_dim); undefined before the first append.
+  /// Cached keys, (B, Hkv, length(), head_dim); undefined before the first append. An 8-bit
+  /// cache's are its int8 codes.
   torch::Tensor keys() const;
   /// Cached values, (B, Hkv, length(), head_dim); undefined before the first append.
   torch::Tensor values() const;
+  /// An 8-bit cache's scales of the cached keys, (B, Hkv, length()) float: key [b, h, t, :]
+  /// stands for keys()[b, h, t, :] times it. Undefined before the first append and for other
+  /// caches.
+  torch::Tensor key_scales() const;
+  /// An 8-bit cache's scales of the cached values, as key_scales().
+  torch::Tensor value_scales() const;
+  /// Whether the cache keeps 8-bit codes and scales.
+  bool quantized() const { return quantized_; }
 
  private:
+  // The checks, the storage made on the first append and the tokens written: append() and
+  // write() both.
+  void store(const torch::Tensor& keys, const torch::Tensor& values);
+
   int64_t max_length_;
   int64_t length_ = 0;
+  bool quantized_ = false;
   torch::Tensor keys_;
   torch::Tensor values_;
+  // 8-bit caches: the scales, (B, Hkv, max_length) float, and an empty tensor of the appended
+  // shape, dtype and device that later appends are checked against.
+  torch::Tensor key_scales_, value_scales_, appended_;
 };
 
 }  // namespace attention

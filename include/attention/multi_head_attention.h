@@ -284,6 +284,14 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   /// `attention` with this module's variants: alignment, window, soft-capping, ALiBi.
   functional::ScaledDotProductAttentionOptions variants(
       functional::ScaledDotProductAttentionOptions attention) const;
+  /// Whether a forward with an 8-bit KVCache reads its codes in place (attend_codes): in
+  /// inference, without dense masks, weights, block masks or score_mods.
+  bool reads_codes_in_place(const torch::Tensor& x,
+                            const MultiHeadAttentionForwardOptions& forward_options) const;
+  /// The queries (B, H, Tq, hd) against an 8-bit cache's codes, through the paged kernel (each
+  /// batch row a sequence of one page): (B, H, Tq, hd).
+  torch::Tensor attend_codes(const torch::Tensor& queries, const KVCache& cache,
+                             functional::Backend backend) const;
 
   Workspace workspace_;
   /// ALiBi's standard slopes for num_heads, made by reset() (with `alibi(true)`).

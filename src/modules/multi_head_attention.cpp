@@ -124,6 +124,37 @@ functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
   return attention;
 }
 
+bool MultiHeadAttentionImpl::reads_codes_in_place(
+    const torch::Tensor& x, const MultiHeadAttentionForwardOptions& forward_options) const {
+  // What the paged kernel refuses (dense masks, weights, dropout, gradients), and what it would
+  // read differently (a block mask or score_mod made for the batch): those take the keys and
+  // values the codes stand for.
+  const bool dropout = is_training() && options.dropout() > 0.0;
+  const bool grad =
+      detail::records_grad(x) || (c10::GradMode::is_enabled() && W_query->weight.requires_grad());
+  return !forward_options.attn_mask().defined() && !forward_options.key_padding_mask().defined() &&
+         !forward_options.need_weights() && !forward_options.block_mask() &&
+         !forward_options.score_mod() && !dropout && !grad;
+}
+
+torch::Tensor MultiHeadAttentionImpl::attend_codes(const torch::Tensor& queries,
+                                                   const KVCache& cache,
+                                                   functional::Backend backend) const {
+  // Each batch row a sequence whose keys are one page: the cache's storage, read in place.
+  const int64_t B = queries.size(0), H = queries.size(1), t_q = queries.size(2);
+  const int64_t hd = queries.size(3);
+  const auto cpu_long = torch::TensorOptions().dtype(torch::kLong);
+  const auto packed = queries.transpose(1, 2).reshape({B * t_q, H, hd});
+  const auto out = functional::paged_attention(
+      packed, cache.keys(), cache.key_scales(), cache.values(), cache.value_scales(),
+      torch::arange(0, (B + 1) * t_q, t_q, cpu_long), torch::full({B}, cache.length(), cpu_long),
+      torch::arange(B, cpu_long).view({B, 1}),
+      variants(functional::ScaledDotProductAttentionOptions()
+                   .is_causal(options.causal())
+                   .backend(backend)));
+  return out.view({B, t_q, H, hd}).transpose(1, 2);
+}
+
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   const auto& o = options;
   stream << kMultiHeadAttentionName << "(d_in=" << o.d_in() << ", d_out=" << o.d_out()
@@ -210,11 +241,18 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
   }
   CacheRollback rollback(forward_options.kv_cache(), sliding);
-  if (forward_options.kv_cache()) {
-    std::tie(keys, values) = forward_options.kv_cache()->append(keys, values);
+  KVCache* const cache = forward_options.kv_cache();
+  // An 8-bit cache's codes are read in place where the paged kernel takes the call; otherwise
+  // its append() gives the keys and values they stand for.
+  const bool codes_in_place = cache && cache->quantized() && cache->length() + keys.size(2) > 0 &&
+                              reads_codes_in_place(xb, forward_options);
+  if (codes_in_place) {
+    cache->write(keys, values);
+  } else if (cache) {
+    std::tie(keys, values) = cache->append(keys, values);
   }
   if (sliding) std::tie(keys, values) = sliding->append(keys, values);
-  const int64_t t_k = keys.size(2);
+  const int64_t t_k = codes_in_place ? cache->length() : keys.size(2);
   TORCH_CHECK_VALUE(
       options.context_length() == 0 || t_k <= options.context_length(), kMultiHeadAttentionName,
       ": expected at most context_length = ", options.context_length(), " keys, got ", t_k);
@@ -256,17 +294,21 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                       blocks->heads());
   }
 
-  auto attention = functional::scaled_dot_product_attention(
-      queries, keys, values,
-      variants(
-          functional::ScaledDotProductAttentionOptions()
-              .attn_mask(combine_masks(attn_mask, padding.defined() ? batched(padding) : padding))
-              .block_mask(blocks)
-              .score_mod(forward_options.score_mod())
-              .is_causal(options.causal())
-              .dropout_p(is_training() ? options.dropout() : 0.0)
-              .need_weights(forward_options.need_weights())
-              .backend(forward_options.backend())));
+  auto attention =
+      codes_in_place
+          ? functional::AttentionOutput{attend_codes(queries, *cache, forward_options.backend()),
+                                        {}}
+          : functional::scaled_dot_product_attention(
+                queries, keys, values,
+                variants(functional::ScaledDotProductAttentionOptions()
+                             .attn_mask(combine_masks(
+                                 attn_mask, padding.defined() ? batched(padding) : padding))
+                             .block_mask(blocks)
+                             .score_mod(forward_options.score_mod())
+                             .is_causal(options.causal())
+                             .dropout_p(is_training() ? options.dropout() : 0.0)
+                             .need_weights(forward_options.need_weights())
+                             .backend(forward_options.backend())));
 
   auto context_vec = attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()});
   auto output = out_proj ? detail::project(out_proj, context_vec) : context_vec;
