@@ -41,7 +41,10 @@ if(ATTENTION_HAS_DISTRIBUTED)
   attention_internal_archive(attention_distributed)
 endif()
 
-if(ATTENTION_HAS_DISTRIBUTED AND ATTENTION_BUILD_TOOLS)
+# The ring benchmark runs on the optimized build only (scripts/bench_ring.sh): nothing runs it
+# sanitized.
+if(ATTENTION_HAS_DISTRIBUTED AND ATTENTION_BUILD_TOOLS AND NOT ATTENTION_SANITIZE
+   AND NOT ATTENTION_FUZZ)
   add_executable(attention-ring-bench tools/ring_bench/main.cpp)
   target_link_libraries(attention-ring-bench PRIVATE attention::distributed)
   target_compile_options(attention-ring-bench PRIVATE ${ATTENTION_WARNINGS})
