@@ -87,10 +87,6 @@ class ATTENTION_API KVCache {
   bool quantized() const { return quantized_; }
 
  private:
-  // The checks, the storage made on the first append and the tokens written: append() and
-  // write() both.
-  void store(const torch::Tensor& keys, const torch::Tensor& values);
-
   int64_t max_length_;
   int64_t length_ = 0;
   bool quantized_ = false;

@@ -24,7 +24,7 @@ KVCache::KVCache(int64_t max_length, torch::Dtype storage) : KVCache(max_length)
   quantized_ = true;
 }
 
-void KVCache::store(const torch::Tensor& keys, const torch::Tensor& values) {
+void KVCache::write(const torch::Tensor& keys, const torch::Tensor& values) {
   detail::check_cache_append(keys, values, quantized_ ? appended_ : keys_, kKVCacheName);
   const int64_t t_new = keys.size(2);
   TORCH_CHECK_VALUE(length_ + t_new <= max_length_, kKVCacheName, ": cannot append ", t_new,
@@ -75,14 +75,10 @@ void KVCache::store(const torch::Tensor& keys, const torch::Tensor& values) {
   length_ += t_new;
 }
 
-void KVCache::write(const torch::Tensor& keys, const torch::Tensor& values) {
-  store(keys, values);
-}
-
 std::pair<torch::Tensor, torch::Tensor> KVCache::append(const torch::Tensor& keys,
                                                         const torch::Tensor& values) {
   const int64_t cached = length_;
-  store(keys, values);
+  write(keys, values);
   const auto dtype = keys.scalar_type();
   const auto before = [&](const torch::Tensor& all, const torch::Tensor& scales) {
     const auto kept = all.narrow(2, 0, cached);
