@@ -279,6 +279,7 @@ def case_list():
     varlen_cases(cases, add, mha)
     paged_cases(cases, add, mha)
     block_mask_cases(cases, add, mha)
+    latent_cases(cases, add)
     for i, case in enumerate(cases):
         case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
@@ -460,6 +461,35 @@ def block_mask_cases(cases, add, mha):
            "bfloat16", backend="chunked", path="chunked_fused", mode="inference")
     cases[-1]["forward"]["score_mod"] = "wavy"
     return names
+
+
+def latent_cases(cases, add):
+    """The book's MultiHeadLatentAttention: forward and backward as the book computes it, and
+    decoding through a LatentCache (forward["decode"], the absorbed form on the C++ side) against
+    Python's one forward. Seeds of their own."""
+    def mla(name, d_in, d_out, heads, shape, dtype="float32", latent_dim=None, qkv_bias=False,
+            **kw):
+        args = dict(d_in=d_in, d_out=d_out, dropout=0.0, num_heads=heads, qkv_bias=qkv_bias,
+                    latent_dim=latent_dim)
+        add(name, "MultiHeadLatentAttention", args, [shape], dtype, **kw)
+        cases[-1]["seed"] = 4400 + len(names)
+        names.append(name)
+
+    names = []
+    for dtype in ("float32", "float64"):
+        mla(f"mla_T6_{dtype}", 8, 8, 2, [2, 6, 8], dtype, latent_dim=4)
+        mla(f"mla_bias_T37_{dtype}", 12, 16, 4, [2, 37, 12], dtype, latent_dim=6, qkv_bias=True)
+    mla("mla_default_latent_T1", 8, 32, 4, [3, 1, 8])
+    mla("mla_saturated", 8, 8, 2, [2, 6, 8], latent_dim=4, magnitude=30.0)
+    mla("mla_T1024_chunked", 16, 32, 4, [1, 1024, 16], latent_dim=8,
+        forward=dict(backend="chunked"), path="chunked_fused")
+    mla("mla_decode_token_by_token", 8, 16, 4, [2, 12, 8], latent_dim=8,
+        forward=dict(decode=[1] * 12), mode="inference")
+    mla("mla_bias_decode_chunks_float64", 8, 16, 2, [2, 40, 8], "float64", latent_dim=5,
+        qkv_bias=True, forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
+    mla("mla_decode_chunked_T300", 16, 32, 4, [1, 300, 16], latent_dim=8,
+        forward=dict(decode=[250, 1, 49], backend="chunked"), mode="inference",
+        path="chunked_fused")
 
 
 def block_mask_hidden(spec, t_q, t_k):

@@ -333,12 +333,52 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(context_vec)
 
 
+class MultiHeadLatentAttention(nn.Module):
+    """The book's MultiHeadLatentAttention (chapter 4, 05_mla) without its cache: every token's
+    input goes down to a latent of `latent_dim` features (W_DKV), each head's keys and values come
+    up from it (W_UK, W_UV), then causal attention per head and out_proj. Constructor arguments,
+    parameter names and their order are the book's (latent_dim None: max(16, d_out // 8))."""
+
+    def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False, latent_dim: Optional[int] = None):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.latent_dim = latent_dim if latent_dim is not None else max(16, d_out // 8)
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_DKV = nn.Linear(d_in, self.latent_dim, bias=qkv_bias)
+        self.W_UK = nn.Linear(self.latent_dim, d_out, bias=qkv_bias)
+        self.W_UV = nn.Linear(self.latent_dim, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+
+    def heads(self, x):
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        latent = self.W_DKV(x)
+        queries = self.heads(self.W_query(x))
+        keys = self.heads(self.W_UK(latent))
+        values = self.heads(self.W_UV(latent))
+        scores = queries @ keys.transpose(-2, -1)
+        future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
+        scores = scores.masked_fill(future, -torch.inf)
+        weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        context = (weights @ values).transpose(1, 2).contiguous().view(b, t, self.d_out)
+        return self.out_proj(context)
+
+
 MODULES = {
     "SelfAttention": SelfAttention,
     "MultiHeadAttentionWrapper": MultiHeadAttentionWrapper,
     "CausalSelfAttention": CausalSelfAttention,
     "CrossAttention": CrossAttention,
     "MultiHeadAttention": MultiHeadAttention,
+    "MultiHeadLatentAttention": MultiHeadLatentAttention,
 }
 
 
