@@ -34,6 +34,7 @@ std::vector<BadInput> cases() {
   auto mha = attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).context_length(6));
   auto mha_cross =
       attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).d_in_kv(4).causal(false));
+  auto mla = attention::MultiHeadLatentAttention(8, 8, 2);
   auto x = torch::randn({2, 5, 8});
   auto meta = [](std::vector<int64_t> shape) { return torch::empty(shape, torch::kMeta); };
   auto q = torch::randn({2, 2, 5, 4}), k = torch::randn({2, 2, 6, 4}),
@@ -465,6 +466,76 @@ std::vector<BadInput> cases() {
          cache.truncate(1);
        },
        Kind::Value, "cannot truncate to 1 tokens: 0 are cached"},
+      // MultiHeadLatentAttention and LatentCache
+      {"MLA: feature size", fwd(mla, torch::rand({2, 6, 3})), Kind::Value,
+       "attention::MultiHeadLatentAttention: expected x (T, 8) or (B, T, 8), got (2, 6, 3)"},
+      {"MLA: dtype", fwd(mla, torch::rand({6, 8}, torch::kDouble)), Kind::Type,
+       "expected x of dtype Float (the parameters' dtype), got Double"},
+      {"MLA: device", fwd(mla, meta({6, 8})), Kind::Other, "got meta"},
+      {"MLA: num_heads does not divide d_out", [] { attention::MultiHeadLatentAttention(8, 9, 2); },
+       Kind::Value,
+       "attention::MultiHeadLatentAttention: expected num_heads to divide d_out, got d_out 9 and "
+       "num_heads 2"},
+      {"MLA: latent_dim 0",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).latent_dim(0));
+       },
+       Kind::Value, "attention::MultiHeadLatentAttention: expected latent_dim > 0, got 0"},
+      {"MLA: latent_dim INT64_MAX",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).latent_dim(
+                 std::numeric_limits<int64_t>::max()));
+       },
+       Kind::Other, "overflowed"},
+      {"MLA: num_heads 0", [] { attention::MultiHeadLatentAttention(8, 8, 0); }, Kind::Value,
+       "expected num_heads > 0, got 0"},
+      {"MLA: dropout 1",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).dropout(1.0));
+       },
+       Kind::Value, "expected dropout in [0, 1), got 1"},
+      {"LatentCache: max_length 0", [] { attention::LatentCache(0); }, Kind::Value,
+       "attention::LatentCache: expected max_length > 0, got 0"},
+      {"LatentCache: rank 4",
+       [] {
+         attention::LatentCache(4).append(torch::rand({1, 1, 2, 4}));
+       },
+       Kind::Value,
+       "attention::LatentCache: expected a latent (B, T, latent_dim), got (1, 1, 2, 4)"},
+      {"LatentCache: undefined", [] { attention::LatentCache(4).append(torch::Tensor()); },
+       Kind::Value, "got undefined"},
+      {"LatentCache: integer latent",
+       [] {
+         attention::LatentCache(4).append(torch::ones({1, 1, 4}, torch::kLong));
+       },
+       Kind::Type, "attention::LatentCache: expected a floating latent, got Long"},
+      {"LatentCache: another dtype",
+       [] {
+         attention::LatentCache cache(4);
+         cache.append(torch::rand({1, 1, 4}));
+         cache.append(torch::rand({1, 1, 4}, torch::kDouble));
+       },
+       Kind::Type, "expected a latent of dtype Float like the cached one, got Double"},
+      {"LatentCache: another device",
+       [=] {
+         attention::LatentCache cache(4);
+         cache.append(torch::rand({1, 1, 4}));
+         cache.append(meta({1, 1, 4}));
+       },
+       Kind::Other, "expected a latent on device cpu like the cached one, got meta"},
+      {"LatentCache: INT64_MAX tokens of storage",
+       [] {
+         attention::LatentCache(std::numeric_limits<int64_t>::max())
+             .append(torch::rand({2, 1, 16}));
+       },
+       Kind::Value,
+       "attention::LatentCache: storage for max_length = 9223372036854775807 tokens of (2, T, 16) "
+       "would exceed 2^63 - 1 bytes"},
+      {"LatentCache: truncate to -1", [] { attention::LatentCache(4).truncate(-1); }, Kind::Value,
+       "attention::LatentCache: cannot truncate to -1 tokens: 0 are cached"},
       // conversions
       {"to_torch: grouped heads",
        [] {
