@@ -35,6 +35,7 @@ std::vector<BadInput> cases() {
   auto mha_cross =
       attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).d_in_kv(4).causal(false));
   auto mla = attention::MultiHeadLatentAttention(8, 8, 2);
+  const attention::SharedKV shared{torch::randn({2, 2, 5, 4}), torch::randn({2, 2, 5, 4})};
   auto x = torch::randn({2, 5, 8});
   auto meta = [](std::vector<int64_t> shape) { return torch::empty(shape, torch::kMeta); };
   auto q = torch::randn({2, 2, 5, 4}), k = torch::randn({2, 2, 6, 4}),
@@ -466,6 +467,62 @@ std::vector<BadInput> cases() {
          cache.truncate(1);
        },
        Kind::Value, "cannot truncate to 1 tokens: 0 are cached"},
+      // Cross-layer KV sharing
+      {"shared_kv: before its producer",
+       [=]() mutable {
+         attention::SharedKV empty;
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&empty));
+       },
+       Kind::Value,
+       "attention::MultiHeadAttention: expected shared_kv filled by an earlier layer's forward "
+       "with share_kv, got an empty SharedKV (does this layer run before its producer?)"},
+      {"shared_kv: with a kv_cache",
+       [=]() mutable {
+         attention::KVCache cache(8);
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&shared).kv_cache(&cache));
+       },
+       Kind::Value,
+       "a layer that reads shared_kv keeps no cache of its own (its producing layer's cache holds "
+       "the keys), got a kv_cache or sliding_kv_cache"},
+      {"shared_kv: with a context",
+       [=]() mutable { mha(x, MultiHeadAttentionForwardOptions().shared_kv(&shared).context(x)); },
+       Kind::Value, "shared_kv gives the keys and values, got a context as well"},
+      {"shared_kv and share_kv",
+       [=]() mutable {
+         attention::SharedKV out;
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&shared).share_kv(&out));
+       },
+       Kind::Value, "expected share_kv or shared_kv, got both"},
+      {"share_kv: with a sliding_kv_cache",
+       [=]() mutable {
+         attention::SlidingKVCache sliding(4);
+         attention::SharedKV out;
+         mha(x, MultiHeadAttentionForwardOptions().sliding_kv_cache(&sliding).share_kv(&out));
+       },
+       Kind::Value,
+       "share_kv hands on the keys of a kv_cache or of this call, not of a sliding_kv_cache"},
+      {"shared_kv: another module's heads",
+       [=]() mutable {
+         attention::SharedKV other{torch::randn({2, 1, 5, 4}), torch::randn({2, 1, 5, 4})};
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&other));
+       },
+       Kind::Value,
+       "expected shared keys and values (2, 2, T, 4), got (2, 1, 5, 4) and (2, 1, 5, 4)"},
+      {"shared_kv: fewer keys than tokens",
+       [=]() mutable {
+         attention::SharedKV few{torch::randn({2, 2, 3, 4}), torch::randn({2, 2, 3, 4})};
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&few));
+       },
+       Kind::Value, "expected shared keys of at least x's 5 tokens (they end with them), got 3"},
+      {"shared_kv: dtype",
+       [=]() mutable {
+         attention::SharedKV wide{torch::randn({2, 2, 5, 4}, torch::kDouble),
+                                  torch::randn({2, 2, 5, 4}, torch::kDouble)};
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&wide));
+       },
+       Kind::Type,
+       "expected shared keys and values of dtype Float (the parameters' dtype), got Double and "
+       "Double"},
       // MultiHeadLatentAttention and LatentCache
       {"MLA: feature size", fwd(mla, torch::rand({2, 6, 3})), Kind::Value,
        "attention::MultiHeadLatentAttention: expected x (T, 8) or (B, T, 8), got (2, 6, 3)"},

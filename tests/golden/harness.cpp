@@ -344,6 +344,61 @@ Module make_multi_head_latent_attention(const Case& c) {
               });
 }
 
+// The book's cross-layer KV sharing: MultiHeadAttention layers (`layers.i`) with residual
+// connections; the first n_kv_producing_layers share their keys and values, every later layer
+// reads the last producer's. With `caches`, one KVCache per producing layer.
+struct KVSharingStackImpl : torch::nn::Module {
+  KVSharingStackImpl(const nlohmann::json& a, attention::functional::Backend backend)
+      : layers(register_module("layers", torch::nn::ModuleList())),
+        producing(a.at("n_kv_producing_layers")),
+        backend(backend) {
+    const int64_t d = a.at("d_in");
+    for (int64_t i = 0; i < a.at("n_layers").get<int64_t>(); ++i) {
+      layers->push_back(attention::MultiHeadAttention(
+          attention::MultiHeadAttentionOptions(d, d, a.at("num_heads"))
+              .qkv_bias(a.at("qkv_bias"))));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x, std::vector<attention::KVCache>* caches) {
+    attention::SharedKV shared;
+    for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
+      auto options = attention::MultiHeadAttentionForwardOptions().backend(backend);
+      if (i < producing) {
+        options.share_kv(&shared).kv_cache(caches ? &(*caches)[i] : nullptr);
+      } else {
+        options.shared_kv(&shared);
+      }
+      x = x + layers[i]->as<attention::MultiHeadAttention>()->forward(x, options).output;
+    }
+    return x;
+  }
+  torch::nn::ModuleList layers;
+  int64_t producing;
+  attention::functional::Backend backend;
+};
+TORCH_MODULE(KVSharingStack);
+
+// forward["decode"]: chunk sizes fed through a KVCache per producing layer; the outputs joined
+// must equal Python's one forward.
+Module make_kv_sharing_stack(const Case& c) {
+  const auto decode = c.forward.value("decode", std::vector<int64_t>{});
+  const int64_t producing = c.args.at("n_kv_producing_layers");
+  return wrap(KVSharingStack(c.args, backend_of(c.forward)),
+              [decode, producing](KVSharingStack& m, const Module::Inputs& in) {
+                const auto& x = in.at("x");
+                if (decode.empty()) return Output{m(x, nullptr), {}};
+                std::vector<attention::KVCache> caches(producing, attention::KVCache(x.size(1)));
+                std::vector<torch::Tensor> outputs;
+                int64_t start = 0;
+                for (const int64_t n : decode) {
+                  outputs.push_back(m(x.narrow(1, start, n), &caches));
+                  start += n;
+                }
+                TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
+                return Output{torch::cat(outputs, 1), {}};
+              });
+}
+
 }  // namespace
 
 Module make_module(const Case& c) {
@@ -377,6 +432,8 @@ Module make_module(const Case& c) {
     m = make_multi_head_attention(c);
   } else if (c.module == "MultiHeadLatentAttention") {
     m = make_multi_head_latent_attention(c);
+  } else if (c.module == "KVSharingStack") {
+    m = make_kv_sharing_stack(c);
   } else {
     TORCH_CHECK(false, "golden: case ", c.name, " names an unknown module ", c.module);
   }
