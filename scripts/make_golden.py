@@ -279,6 +279,8 @@ def case_list():
     varlen_cases(cases, add, mha)
     paged_cases(cases, add, mha)
     block_mask_cases(cases, add, mha)
+    latent_cases(cases, add)
+    sharing_cases(cases, add)
     for i, case in enumerate(cases):
         case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
@@ -460,6 +462,56 @@ def block_mask_cases(cases, add, mha):
            "bfloat16", backend="chunked", path="chunked_fused", mode="inference")
     cases[-1]["forward"]["score_mod"] = "wavy"
     return names
+
+
+def latent_cases(cases, add):
+    """The book's MultiHeadLatentAttention: forward and backward as the book computes it, and
+    decoding through a LatentCache (forward["decode"], the absorbed form on the C++ side) against
+    Python's one forward. Seeds of their own."""
+    def mla(name, d_in, d_out, heads, shape, dtype="float32", latent_dim=None, qkv_bias=False,
+            **kw):
+        args = dict(d_in=d_in, d_out=d_out, dropout=0.0, num_heads=heads, qkv_bias=qkv_bias,
+                    latent_dim=latent_dim)
+        add(name, "MultiHeadLatentAttention", args, [shape], dtype, **kw)
+        cases[-1]["seed"] = 4400 + len(names)
+        names.append(name)
+
+    names = []
+    for dtype in ("float32", "float64"):
+        mla(f"mla_T6_{dtype}", 8, 8, 2, [2, 6, 8], dtype, latent_dim=4)
+        mla(f"mla_bias_T37_{dtype}", 12, 16, 4, [2, 37, 12], dtype, latent_dim=6, qkv_bias=True)
+    mla("mla_default_latent_T1", 8, 32, 4, [3, 1, 8])
+    mla("mla_saturated", 8, 8, 2, [2, 6, 8], latent_dim=4, magnitude=30.0)
+    mla("mla_T1024_chunked", 16, 32, 4, [1, 1024, 16], latent_dim=8,
+        forward=dict(backend="chunked"), path="chunked_fused")
+    mla("mla_decode_token_by_token", 8, 16, 4, [2, 12, 8], latent_dim=8,
+        forward=dict(decode=[1] * 12), mode="inference")
+    mla("mla_bias_decode_chunks_float64", 8, 16, 2, [2, 40, 8], "float64", latent_dim=5,
+        qkv_bias=True, forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
+    mla("mla_decode_chunked_T300", 16, 32, 4, [1, 300, 16], latent_dim=8,
+        forward=dict(decode=[250, 1, 49], backend="chunked"), mode="inference",
+        path="chunked_fused")
+
+
+def sharing_cases(cases, add):
+    """Cross-layer KV sharing: a stack of the book's MultiHeadAttentionWithKVSharing layers (later
+    layers read the last producing layer's keys and values), forward and backward, and decoding
+    with a KVCache for each producing layer only (forward["decode"]). Seeds of their own."""
+    def stack(name, d_in, heads, layers, producing, shape, dtype="float32", **kw):
+        args = dict(d_in=d_in, num_heads=heads, n_layers=layers,
+                    n_kv_producing_layers=producing, qkv_bias=kw.pop("qkv_bias", False))
+        add(name, "KVSharingStack", args, [shape], dtype, **kw)
+        cases[-1]["seed"] = 4500 + len(names)
+        names.append(name)
+
+    names = []
+    for dtype in ("float32", "float64"):
+        stack(f"kv_sharing_T9_{dtype}", 8, 2, 4, 2, [2, 9, 8], dtype)
+    stack("kv_sharing_one_producer_bias", 12, 3, 3, 1, [2, 37, 12], "float64", qkv_bias=True)
+    stack("kv_sharing_decode_chunks", 8, 2, 4, 2, [2, 40, 8], "float64",
+          forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
+    stack("kv_sharing_T1024_chunked", 16, 4, 3, 1, [1, 1024, 16],
+          forward=dict(backend="chunked"), path="chunked_fused")
 
 
 def block_mask_hidden(spec, t_q, t_k):
@@ -654,7 +706,9 @@ def run_case(case):
     else:
         masks = {}
         output = module(*float_inputs.values())
-        grads = lambda: {n: p.grad for n, p in module.named_parameters()}  # noqa: E731
+        # A parameter the output does not use (a KV-sharing reader's W_key) has no gradient: 0.
+        grads = lambda: {n: p.grad if p.grad is not None else torch.zeros_like(p)  # noqa: E731
+                         for n, p in module.named_parameters()}
     torch.manual_seed(case["seed"] + 2)
     grad_output = torch.randn(output.shape, dtype=torch.float64).to(dtype)
     output.backward(grad_output)

@@ -6,7 +6,7 @@ C++. Every class is scriptable with torch.jit.script.
 """
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -333,12 +333,119 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(context_vec)
 
 
+class MultiHeadLatentAttention(nn.Module):
+    """The book's MultiHeadLatentAttention (chapter 4, 05_mla) without its cache: every token's
+    input goes down to a latent of `latent_dim` features (W_DKV), each head's keys and values come
+    up from it (W_UK, W_UV), then causal attention per head and out_proj. Constructor arguments,
+    parameter names and their order are the book's (latent_dim None: max(16, d_out // 8))."""
+
+    def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False, latent_dim: Optional[int] = None):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.latent_dim = latent_dim if latent_dim is not None else max(16, d_out // 8)
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_DKV = nn.Linear(d_in, self.latent_dim, bias=qkv_bias)
+        self.W_UK = nn.Linear(self.latent_dim, d_out, bias=qkv_bias)
+        self.W_UV = nn.Linear(self.latent_dim, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+
+    def heads(self, x):
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        latent = self.W_DKV(x)
+        queries = self.heads(self.W_query(x))
+        keys = self.heads(self.W_UK(latent))
+        values = self.heads(self.W_UV(latent))
+        scores = queries @ keys.transpose(-2, -1)
+        future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
+        scores = scores.masked_fill(future, -torch.inf)
+        weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        context = (weights @ values).transpose(1, 2).contiguous().view(b, t, self.d_out)
+        return self.out_proj(context)
+
+
+class MultiHeadAttentionWithKVSharing(nn.Module):
+    """The book's MultiHeadAttentionWithKVSharing (chapter 4, 10_kv-sharing) without its cache:
+    causal multi-head attention that returns the keys and values it attended to, or attends to
+    those an earlier layer returned (`shared_kv`) with its own queries. Its W_key and W_value stay
+    (the book's state dicts hold them) and are unused in a reading layer."""
+
+    def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+
+    def heads(self, x):
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x, shared_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
+        b, t, _ = x.shape
+        queries = self.heads(self.W_query(x))
+        if shared_kv is None:
+            keys, values = self.heads(self.W_key(x)), self.heads(self.W_value(x))
+        else:
+            keys, values = shared_kv
+        scores = queries @ keys.transpose(-2, -1)
+        t_k = keys.shape[-2]
+        future = torch.triu(torch.ones(t, t_k, dtype=torch.bool, device=x.device),
+                            diagonal=t_k - t + 1)
+        scores = scores.masked_fill(future, -torch.inf)
+        weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        context = (weights @ values).transpose(1, 2).contiguous().view(b, t, self.d_out)
+        return self.out_proj(context), (keys, values)
+
+
+class KVSharingStack(nn.Module):
+    """Layers of MultiHeadAttentionWithKVSharing with residual connections, run as the book's GPT
+    runs them: the first n_kv_producing_layers make their own keys and values, every later layer
+    attends to the last producer's."""
+
+    def __init__(self, d_in: int, num_heads: int, n_layers: int, n_kv_producing_layers: int,
+                 qkv_bias: bool = False):
+        super().__init__()
+        self.n_kv_producing_layers = n_kv_producing_layers
+        self.layers = nn.ModuleList([
+            MultiHeadAttentionWithKVSharing(d_in, d_in, 0.0, num_heads, qkv_bias)
+            for _ in range(n_layers)])
+
+    def forward(self, x):
+        shared: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        i = 0
+        for layer in self.layers:
+            if i < self.n_kv_producing_layers:
+                out, shared = layer(x, None)
+            else:
+                out, _ = layer(x, shared)
+            x = x + out
+            i += 1
+        return x
+
+
 MODULES = {
     "SelfAttention": SelfAttention,
     "MultiHeadAttentionWrapper": MultiHeadAttentionWrapper,
     "CausalSelfAttention": CausalSelfAttention,
     "CrossAttention": CrossAttention,
     "MultiHeadAttention": MultiHeadAttention,
+    "MultiHeadLatentAttention": MultiHeadLatentAttention,
+    "KVSharingStack": KVSharingStack,
 }
 
 

@@ -34,6 +34,8 @@ std::vector<BadInput> cases() {
   auto mha = attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).context_length(6));
   auto mha_cross =
       attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).d_in_kv(4).causal(false));
+  auto mla = attention::MultiHeadLatentAttention(8, 8, 2);
+  const attention::SharedKV shared{torch::randn({2, 2, 5, 4}), torch::randn({2, 2, 5, 4})};
   auto x = torch::randn({2, 5, 8});
   auto meta = [](std::vector<int64_t> shape) { return torch::empty(shape, torch::kMeta); };
   auto q = torch::randn({2, 2, 5, 4}), k = torch::randn({2, 2, 6, 4}),
@@ -465,6 +467,132 @@ std::vector<BadInput> cases() {
          cache.truncate(1);
        },
        Kind::Value, "cannot truncate to 1 tokens: 0 are cached"},
+      // Cross-layer KV sharing
+      {"shared_kv: before its producer",
+       [=]() mutable {
+         attention::SharedKV empty;
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&empty));
+       },
+       Kind::Value,
+       "attention::MultiHeadAttention: expected shared_kv filled by an earlier layer's forward "
+       "with share_kv, got an empty SharedKV (does this layer run before its producer?)"},
+      {"shared_kv: with a kv_cache",
+       [=]() mutable {
+         attention::KVCache cache(8);
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&shared).kv_cache(&cache));
+       },
+       Kind::Value,
+       "a layer that reads shared_kv keeps no cache of its own (its producing layer's cache holds "
+       "the keys), got a kv_cache or sliding_kv_cache"},
+      {"shared_kv: with a context",
+       [=]() mutable { mha(x, MultiHeadAttentionForwardOptions().shared_kv(&shared).context(x)); },
+       Kind::Value, "shared_kv gives the keys and values, got a context as well"},
+      {"shared_kv and share_kv",
+       [=]() mutable {
+         attention::SharedKV out;
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&shared).share_kv(&out));
+       },
+       Kind::Value, "expected share_kv or shared_kv, got both"},
+      {"share_kv: with a sliding_kv_cache",
+       [=]() mutable {
+         attention::SlidingKVCache sliding(4);
+         attention::SharedKV out;
+         mha(x, MultiHeadAttentionForwardOptions().sliding_kv_cache(&sliding).share_kv(&out));
+       },
+       Kind::Value,
+       "share_kv hands on the keys of a kv_cache or of this call, not of a sliding_kv_cache"},
+      {"shared_kv: another module's heads",
+       [=]() mutable {
+         attention::SharedKV other{torch::randn({2, 1, 5, 4}), torch::randn({2, 1, 5, 4})};
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&other));
+       },
+       Kind::Value,
+       "expected shared keys and values (2, 2, T, 4), got (2, 1, 5, 4) and (2, 1, 5, 4)"},
+      {"shared_kv: fewer keys than tokens",
+       [=]() mutable {
+         attention::SharedKV few{torch::randn({2, 2, 3, 4}), torch::randn({2, 2, 3, 4})};
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&few));
+       },
+       Kind::Value, "expected shared keys of at least x's 5 tokens (they end with them), got 3"},
+      {"shared_kv: dtype",
+       [=]() mutable {
+         attention::SharedKV wide{torch::randn({2, 2, 5, 4}, torch::kDouble),
+                                  torch::randn({2, 2, 5, 4}, torch::kDouble)};
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&wide));
+       },
+       Kind::Type,
+       "expected shared keys and values of dtype Float (the parameters' dtype), got Double and "
+       "Double"},
+      // MultiHeadLatentAttention and LatentCache
+      {"MLA: feature size", fwd(mla, torch::rand({2, 6, 3})), Kind::Value,
+       "attention::MultiHeadLatentAttention: expected x (T, 8) or (B, T, 8), got (2, 6, 3)"},
+      {"MLA: dtype", fwd(mla, torch::rand({6, 8}, torch::kDouble)), Kind::Type,
+       "expected x of dtype Float (the parameters' dtype), got Double"},
+      {"MLA: device", fwd(mla, meta({6, 8})), Kind::Other, "got meta"},
+      {"MLA: num_heads does not divide d_out", [] { attention::MultiHeadLatentAttention(8, 9, 2); },
+       Kind::Value,
+       "attention::MultiHeadLatentAttention: expected num_heads to divide d_out, got d_out 9 and "
+       "num_heads 2"},
+      {"MLA: latent_dim 0",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).latent_dim(0));
+       },
+       Kind::Value, "attention::MultiHeadLatentAttention: expected latent_dim > 0, got 0"},
+      {"MLA: latent_dim INT64_MAX",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).latent_dim(
+                 std::numeric_limits<int64_t>::max()));
+       },
+       Kind::Other, "overflowed"},
+      {"MLA: num_heads 0", [] { attention::MultiHeadLatentAttention(8, 8, 0); }, Kind::Value,
+       "expected num_heads > 0, got 0"},
+      {"MLA: dropout 1",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).dropout(1.0));
+       },
+       Kind::Value, "expected dropout in [0, 1), got 1"},
+      {"LatentCache: max_length 0", [] { attention::LatentCache(0); }, Kind::Value,
+       "attention::LatentCache: expected max_length > 0, got 0"},
+      {"LatentCache: rank 4",
+       [] {
+         attention::LatentCache(4).append(torch::rand({1, 1, 2, 4}));
+       },
+       Kind::Value,
+       "attention::LatentCache: expected a latent (B, T, latent_dim), got (1, 1, 2, 4)"},
+      {"LatentCache: undefined", [] { attention::LatentCache(4).append(torch::Tensor()); },
+       Kind::Value, "got undefined"},
+      {"LatentCache: integer latent",
+       [] {
+         attention::LatentCache(4).append(torch::ones({1, 1, 4}, torch::kLong));
+       },
+       Kind::Type, "attention::LatentCache: expected a floating latent, got Long"},
+      {"LatentCache: another dtype",
+       [] {
+         attention::LatentCache cache(4);
+         cache.append(torch::rand({1, 1, 4}));
+         cache.append(torch::rand({1, 1, 4}, torch::kDouble));
+       },
+       Kind::Type, "expected a latent of dtype Float like the cached one, got Double"},
+      {"LatentCache: another device",
+       [=] {
+         attention::LatentCache cache(4);
+         cache.append(torch::rand({1, 1, 4}));
+         cache.append(meta({1, 1, 4}));
+       },
+       Kind::Other, "expected a latent on device cpu like the cached one, got meta"},
+      {"LatentCache: INT64_MAX tokens of storage",
+       [] {
+         attention::LatentCache(std::numeric_limits<int64_t>::max())
+             .append(torch::rand({2, 1, 16}));
+       },
+       Kind::Value,
+       "attention::LatentCache: storage for max_length = 9223372036854775807 tokens of (2, T, 16) "
+       "would exceed 2^63 - 1 bytes"},
+      {"LatentCache: truncate to -1", [] { attention::LatentCache(4).truncate(-1); }, Kind::Value,
+       "attention::LatentCache: cannot truncate to -1 tokens: 0 are cached"},
       // conversions
       {"to_torch: grouped heads",
        [] {

@@ -161,8 +161,9 @@ TEMPLATE_TEST_CASE("The projections and their gradients on the generated kernels
                    "[cpu_blas][large_gemm][workspace]", float, double) {
   torch::manual_seed(11);
   const auto dtype = c10::CppTypeToScalarType<TestType>::value;
-  // 96 rows of 64 features into 48: sides the generated kernels take (multiples of 16).
-  const auto x = torch::randn({2, 48, 64}, dtype).requires_grad_();
+  // 160 rows of 64 features into 48: sides the generated kernels take (multiples of 16), and
+  // rows enough for them (fewer take BLAS on W itself).
+  const auto x = torch::randn({2, 80, 64}, dtype).requires_grad_();
   const auto w = torch::randn({48, 64}, dtype).requires_grad_();
   const auto b = torch::randn({48}, dtype).requires_grad_();
   const auto ours = attention::detail::linear_large(x, w, b);

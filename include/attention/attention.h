@@ -11,8 +11,10 @@
 #include <attention/functional.h>
 #include <attention/heatmap.h>
 #include <attention/kv_cache.h>
+#include <attention/latent_cache.h>
 #include <attention/multi_head_attention.h>
 #include <attention/multi_head_attention_wrapper.h>
+#include <attention/multi_head_latent_attention.h>
 #include <attention/paged_attention.h>
 #include <attention/paged_kv_cache.h>
 #include <attention/rotary.h>

@@ -95,6 +95,32 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(bool, alibi) = false;
 };
 
+/// Keys and values that one MultiHeadAttention layer hands to later layers: cross-layer KV
+/// sharing (Brandon et al. 2024; Gemma 3n), as the book's chapter 4 writes it (`10_kv-sharing`). A
+/// producing layer's forward with `share_kv(&shared)` leaves here the keys and values it attended
+/// to, (B, num_kv_heads, Tk, head_dim), rotary embeddings applied: with a KVCache, views of the
+/// cache (every cached token; no copy); without one, this call's own (carrying their gradient in
+/// training). Later layers' forwards with `shared_kv(&shared)` attend to them with their own
+/// queries and project no keys or values; they keep no cache of their own.
+///
+/// Example:
+/// \code
+/// attention::MultiHeadAttention producer(attention::MultiHeadAttentionOptions(64, 64, 4));
+/// attention::MultiHeadAttention reader(attention::MultiHeadAttentionOptions(64, 64, 4));
+/// attention::KVCache cache(/*max_length=*/32);
+/// attention::SharedKV shared;
+/// torch::Tensor x = torch::randn({1, 8, 64});
+/// x = x + producer(x, attention::MultiHeadAttentionForwardOptions().kv_cache(&cache).share_kv(
+///                         &shared)).output;
+/// x = x + reader(x, attention::MultiHeadAttentionForwardOptions().shared_kv(&shared)).output;
+/// \endcode
+struct SharedKV {
+  /// The producing layer's keys, (B, num_kv_heads, Tk, head_dim); undefined until it runs.
+  torch::Tensor keys;
+  /// Its values, of the same shape.
+  torch::Tensor values;
+};
+
 /// Per-call options of MultiHeadAttention::forward.
 struct MultiHeadAttentionForwardOptions {
   /// A cache to append to (TORCH_ARG pastes its type textually, and `const KVCache*&` would
@@ -102,6 +128,10 @@ struct MultiHeadAttentionForwardOptions {
   using KVCachePointer = KVCache*;
   /// A window-bounded cache to append to (see SlidingKVCache).
   using SlidingKVCachePointer = SlidingKVCache*;
+  /// Where a producing layer leaves its keys and values (see SharedKV).
+  using SharedKVPointer = SharedKV*;
+  /// The keys and values a reading layer attends to.
+  using ConstSharedKVPointer = const SharedKV*;
 
   /// Keys and values from this sequence (B, Tk, d_in_kv) instead of x: cross-attention.
   TORCH_ARG(torch::Tensor, context) = {};
@@ -125,6 +155,14 @@ struct MultiHeadAttentionForwardOptions {
   /// Or append to a cache that keeps only what a sliding window needs (and sink tokens). With
   /// `sliding_window(W)`, its window must be at least W and it must keep no sink tokens. Not owned.
   TORCH_ARG(SlidingKVCachePointer, sliding_kv_cache) = nullptr;
+  /// Leave the keys and values this call attends to in a SharedKV for later layers (after the
+  /// kv_cache's append: all of the cache's). Not with sliding_kv_cache or shared_kv. Not owned.
+  TORCH_ARG(SharedKVPointer, share_kv) = nullptr;
+  /// Attend to the keys and values an earlier layer shared instead of projecting this call's own:
+  /// this call's tokens are the last of them (they need at least as many keys as x has tokens,
+  /// and rotary embeddings take the positions that follow). Not with a cache, a context or
+  /// share_kv. Not owned.
+  TORCH_ARG(ConstSharedKVPointer, shared_kv) = nullptr;
   /// Return the attention weights as well.
   TORCH_ARG(bool, need_weights) = false;
   /// With need_weights: average the weights over heads, (B, Tq, Tk), instead of (B, H, Tq, Tk).
@@ -281,6 +319,11 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(MultiHeadAttentionForwardOptions())})
 
  private:
+  /// The checks of a forward that reads `shared` keys and values, for x of `batch` rows of
+  /// `tokens` tokens.
+  void check_shared_kv(const SharedKV& shared,
+                       const MultiHeadAttentionForwardOptions& forward_options, int64_t batch,
+                       int64_t tokens) const;
   /// `attention` with this module's variants: alignment, window, soft-capping, ALiBi.
   functional::ScaledDotProductAttentionOptions variants(
       functional::ScaledDotProductAttentionOptions attention) const;

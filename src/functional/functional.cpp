@@ -97,6 +97,9 @@ AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
   // Nothing to attend, or nothing to multiply: every backend gives what whole matrices give.
   if (p.degenerate() || backend == Backend::Math) {
     last = Path::Math;
+    if (backend == Backend::Chunked && fused && query.scalar_type() == at::kBFloat16) {
+      return kernels::math_in_float(p, query, key, value);
+    }
     return kernels::math(p, query, key, value);
   }
   if (backend == Backend::Native) {

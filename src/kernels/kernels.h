@@ -16,6 +16,12 @@ namespace kernels {
 functional::AttentionOutput math(const Problem& p, const torch::Tensor& query,
                                  const torch::Tensor& key, const torch::Tensor& value);
 
+/// math() on float copies of bfloat16 inputs, its results rounded back once: a degenerate
+/// problem handed to the Chunked backend keeps the fused kernels' float accuracy (a bfloat16
+/// matmul sums its products in bfloat16, off by a few percent over 40 keys).
+functional::AttentionOutput math_in_float(const Problem& p, const torch::Tensor& query,
+                                          const torch::Tensor& key, const torch::Tensor& value);
+
 /// Query and key blocks with an online softmax; never makes a Tq x Tk tensor. Differentiable
 /// (backward recomputes the blocks). No attention weights, no dropout, no gradient for the mask.
 functional::AttentionOutput chunked(const Problem& p, const torch::Tensor& query,

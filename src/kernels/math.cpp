@@ -154,5 +154,18 @@ functional::AttentionOutput math(const Problem& p, const Tensor& query, const Te
   return {output, p.need_weights ? weights : Tensor()};
 }
 
+functional::AttentionOutput math_in_float(const Problem& p, const Tensor& query, const Tensor& key,
+                                          const Tensor& value) {
+  const auto widened = [](const Tensor& t) {
+    return t.defined() && t.is_floating_point() ? t.to(at::kFloat) : t;
+  };
+  Problem in_float = p;
+  in_float.mask = widened(p.mask);
+  in_float.sinks = widened(p.sinks);
+  const auto result = math(in_float, widened(query), widened(key), widened(value));
+  const auto rounded = [&](const Tensor& t) { return t.defined() ? t.to(query.scalar_type()) : t; };
+  return {rounded(result.output), rounded(result.weights)};
+}
+
 }  // namespace kernels
 }  // namespace attention

@@ -226,25 +226,41 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                     "(cross-attention): use a module without rope for it");
   const int64_t B = xb.size(0), t_q = xb.size(1), H = options.num_heads();
   const int64_t H_kv = options.num_kv_heads(), hd = head_dim();
+  const SharedKV* const shared = forward_options.shared_kv();
+  if (shared) check_shared_kv(*shared, forward_options, B, t_q);
+  TORCH_CHECK_VALUE(!(forward_options.share_kv() && sliding), kMultiHeadAttentionName,
+                    ": share_kv hands on the keys of a kv_cache or of this call, not of a "
+                    "sliding_kv_cache (their positions move with the window)");
 
-  const auto [q, k, v] = detail::project_qkv(W_query, W_key, W_value, xb, source, &workspace_);
-  auto queries = q.view({B, t_q, H, hd}).transpose(1, 2);
-  auto keys = k.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
-  auto values = v.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
+  torch::Tensor queries, keys, values;
+  if (shared) {
+    // A reading layer's keys and values are its producer's: only the queries are its own.
+    queries = detail::project(W_query, xb, &workspace_).view({B, t_q, H, hd}).transpose(1, 2);
+    keys = shared->keys;
+    values = shared->values;
+  } else {
+    const auto [q, k, v] = detail::project_qkv(W_query, W_key, W_value, xb, source, &workspace_);
+    queries = q.view({B, t_q, H, hd}).transpose(1, 2);
+    keys = k.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
+    values = v.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
+  }
   if (rotary_) {
-    // After a cache's tokens, the new ones continue their positions.
+    // After a cache's tokens, the new ones continue their positions; shared keys arrive rotated,
+    // this call's tokens last.
     const int64_t past = forward_options.kv_cache() ? forward_options.kv_cache()->length()
                          : sliding                  ? sliding->position()
+                         : shared                   ? keys.size(2) - t_q
                                                     : 0;
     auto [cos, sin] = rotary_->rows(past, t_q, queries.scalar_type(), queries.device());
     queries = detail::rotate(queries, cos, sin, rotary_->options().layout());
-    keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
+    if (!shared) keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
   }
   CacheRollback rollback(forward_options.kv_cache(), sliding);
   KVCache* const cache = forward_options.kv_cache();
-  // An 8-bit cache's codes are read in place where the paged kernel takes the call; otherwise
-  // its append() gives the keys and values they stand for.
+  // An 8-bit cache's codes are read in place where the paged kernel takes the call (and no
+  // later layer wants the keys); otherwise its append() gives the keys and values they stand for.
   const bool codes_in_place = cache && cache->quantized() && cache->length() + keys.size(2) > 0 &&
+                              !forward_options.share_kv() &&
                               reads_codes_in_place(xb, forward_options);
   if (codes_in_place) {
     cache->write(keys, values);
@@ -319,7 +335,45 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     if (weights.defined()) weights = weights.squeeze(0);
   }
   rollback.keep();
+  if (forward_options.share_kv() != nullptr) *forward_options.share_kv() = SharedKV{keys, values};
   return {output, weights};
+}
+
+void MultiHeadAttentionImpl::check_shared_kv(
+    const SharedKV& shared, const MultiHeadAttentionForwardOptions& forward_options, int64_t batch,
+    int64_t tokens) const {
+  TORCH_CHECK_VALUE(!forward_options.kv_cache() && !forward_options.sliding_kv_cache(),
+                    kMultiHeadAttentionName,
+                    ": a layer that reads shared_kv keeps no cache of its own (its producing "
+                    "layer's cache holds the keys), got a kv_cache or sliding_kv_cache");
+  TORCH_CHECK_VALUE(!forward_options.context().defined(), kMultiHeadAttentionName,
+                    ": shared_kv gives the keys and values, got a context as well");
+  TORCH_CHECK_VALUE(!forward_options.share_kv(), kMultiHeadAttentionName,
+                    ": expected share_kv or shared_kv, got both (layers after a reading layer "
+                    "read the producer's SharedKV too)");
+  const auto& keys = shared.keys;
+  const auto& values = shared.values;
+  TORCH_CHECK_VALUE(keys.defined() && values.defined(), kMultiHeadAttentionName,
+                    ": expected shared_kv filled by an earlier layer's forward with share_kv, got "
+                    "an empty SharedKV (does this layer run before its producer?)");
+  const auto& weight = W_query->weight;
+  const std::vector<int64_t> expected = {batch, options.num_kv_heads(), keys.size(-2), head_dim()};
+  TORCH_CHECK_VALUE(keys.dim() == 4 && keys.sizes() == c10::IntArrayRef(expected) &&
+                        values.sizes() == keys.sizes(),
+                    kMultiHeadAttentionName, ": expected shared keys and values (", batch, ", ",
+                    options.num_kv_heads(), ", T, ", head_dim(), "), got ",
+                    detail::shape_str(keys.sizes()), " and ", detail::shape_str(values.sizes()));
+  TORCH_CHECK_VALUE(keys.size(2) >= tokens, kMultiHeadAttentionName,
+                    ": expected shared keys of at least x's ", tokens,
+                    " tokens (they end with them), got ", keys.size(2));
+  TORCH_CHECK_TYPE(
+      keys.scalar_type() == weight.scalar_type() && values.scalar_type() == weight.scalar_type(),
+      kMultiHeadAttentionName, ": expected shared keys and values of dtype ", weight.scalar_type(),
+      " (the parameters' dtype), got ", keys.scalar_type(), " and ", values.scalar_type());
+  TORCH_CHECK(keys.device() == weight.device() && values.device() == weight.device(),
+              kMultiHeadAttentionName, ": expected shared keys and values on device ",
+              weight.device(), " (the parameters' device), got ", keys.device(), " and ",
+              values.device());
 }
 
 torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, PagedKVCache& cache,

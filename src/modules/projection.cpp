@@ -50,10 +50,14 @@ bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c,
 // out = x W^T + b, written into `out` (x's shape with weight.size(0) last); bias may be undefined.
 void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   auto out_rows = out.view({-1, weight.size(0)});
-  // The generated kernels take B untransposed: W^T once per call (d_in x d_out, small beside x),
-  // made only where they are the route and for the types they take.
+  // The generated kernels take B untransposed: W^T once per call, made only where they are the
+  // route, for the types they take, and for enough rows of x that the copy is small beside the
+  // product. A decoding step's few rows take BLAS on W itself: at d = 2048 a copy of W^T per
+  // projection (16 MB, fresh pages each call) took 4x the rest of a 16-head step at T = 4096.
+  constexpr int64_t kGeneratedMinRows = 128;
   const bool generated_type = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-  if (generated_type && kernels::cpu::large_gemm_preferred() &&
+  if (generated_type && x.numel() >= kGeneratedMinRows * x.size(-1) &&
+      kernels::cpu::large_gemm_preferred() &&
       generated_mm(false, rows_of(x), weight.t().contiguous(), out_rows)) {
     if (bias.defined()) out_rows.add_(bias);
     return;

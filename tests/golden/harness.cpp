@@ -87,6 +87,16 @@ namespace {
 
 using Output = attention::functional::AttentionOutput;
 
+// The backend a case asks for (forward["backend"], "auto" when absent).
+attention::functional::Backend backend_of(const nlohmann::json& forward) {
+  using attention::functional::Backend;
+  const std::map<std::string, Backend> backends = {{"auto", Backend::Auto},
+                                                   {"math", Backend::Math},
+                                                   {"chunked", Backend::Chunked},
+                                                   {"native", Backend::Native}};
+  return backends.at(forward.value("backend", "auto"));
+}
+
 // A case's block mask (forward["block_mask"]) over T tokens, made as an application would: the
 // library's builders, or a mask function written here (make_golden.py writes each kind's
 // definition once more, as the dense mask Python's module takes).
@@ -265,12 +275,7 @@ Module make_multi_head_attention(const Case& c) {
   }
   attention::MultiHeadAttention mha(mha_options);
   const auto f = c.forward;
-  using attention::functional::Backend;
-  const std::map<std::string, Backend> backends = {{"auto", Backend::Auto},
-                                                   {"math", Backend::Math},
-                                                   {"chunked", Backend::Chunked},
-                                                   {"native", Backend::Native}};
-  const Backend backend = backends.at(f.value("backend", "auto"));
+  const auto backend = backend_of(f);
   if (f.contains("packed")) return packed_multi_head_attention(mha, f, backend);
   if (f.contains("paged")) return paged_multi_head_attention(mha, f, backend);
   const auto decode = f.value("decode", std::vector<int64_t>{});
@@ -313,6 +318,87 @@ Module make_multi_head_attention(const Case& c) {
   });
 }
 
+// The book's MultiHeadLatentAttention; forward["decode"]: chunk sizes fed through a LatentCache
+// (the absorbed form), whose outputs joined must equal Python's one forward.
+Module make_multi_head_latent_attention(const Case& c) {
+  const auto& a = c.args;
+  attention::MultiHeadLatentAttentionOptions options(a.at("d_in"), a.at("d_out"),
+                                                     a.at("num_heads"));
+  if (!a.at("latent_dim").is_null()) options.latent_dim(a.at("latent_dim"));
+  options.qkv_bias(a.at("qkv_bias")).dropout(a.at("dropout"));
+  options.backend(backend_of(c.forward));
+  const auto decode = c.forward.value("decode", std::vector<int64_t>{});
+  return wrap(attention::MultiHeadLatentAttention(options),
+              [decode](attention::MultiHeadLatentAttention& m, const Module::Inputs& in) {
+                const auto& x = in.at("x");
+                if (decode.empty()) return Output{m(x), {}};
+                attention::LatentCache cache(x.size(1));
+                std::vector<torch::Tensor> outputs;
+                int64_t start = 0;
+                for (const int64_t n : decode) {
+                  outputs.push_back(m(x.narrow(1, start, n), &cache));
+                  start += n;
+                }
+                TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
+                return Output{torch::cat(outputs, 1), {}};
+              });
+}
+
+// The book's cross-layer KV sharing: MultiHeadAttention layers (`layers.i`) with residual
+// connections; the first n_kv_producing_layers share their keys and values, every later layer
+// reads the last producer's. With `caches`, one KVCache per producing layer.
+struct KVSharingStackImpl : torch::nn::Module {
+  KVSharingStackImpl(const nlohmann::json& a, attention::functional::Backend backend)
+      : layers(register_module("layers", torch::nn::ModuleList())),
+        producing(a.at("n_kv_producing_layers")),
+        backend(backend) {
+    const int64_t d = a.at("d_in");
+    for (int64_t i = 0; i < a.at("n_layers").get<int64_t>(); ++i) {
+      layers->push_back(attention::MultiHeadAttention(
+          attention::MultiHeadAttentionOptions(d, d, a.at("num_heads"))
+              .qkv_bias(a.at("qkv_bias"))));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x, std::vector<attention::KVCache>* caches) {
+    attention::SharedKV shared;
+    for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
+      auto options = attention::MultiHeadAttentionForwardOptions().backend(backend);
+      if (i < producing) {
+        options.share_kv(&shared).kv_cache(caches ? &(*caches)[i] : nullptr);
+      } else {
+        options.shared_kv(&shared);
+      }
+      x = x + layers[i]->as<attention::MultiHeadAttention>()->forward(x, options).output;
+    }
+    return x;
+  }
+  torch::nn::ModuleList layers;
+  int64_t producing;
+  attention::functional::Backend backend;
+};
+TORCH_MODULE(KVSharingStack);
+
+// forward["decode"]: chunk sizes fed through a KVCache per producing layer; the outputs joined
+// must equal Python's one forward.
+Module make_kv_sharing_stack(const Case& c) {
+  const auto decode = c.forward.value("decode", std::vector<int64_t>{});
+  const int64_t producing = c.args.at("n_kv_producing_layers");
+  return wrap(KVSharingStack(c.args, backend_of(c.forward)),
+              [decode, producing](KVSharingStack& m, const Module::Inputs& in) {
+                const auto& x = in.at("x");
+                if (decode.empty()) return Output{m(x, nullptr), {}};
+                std::vector<attention::KVCache> caches(producing, attention::KVCache(x.size(1)));
+                std::vector<torch::Tensor> outputs;
+                int64_t start = 0;
+                for (const int64_t n : decode) {
+                  outputs.push_back(m(x.narrow(1, start, n), &caches));
+                  start += n;
+                }
+                TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
+                return Output{torch::cat(outputs, 1), {}};
+              });
+}
+
 }  // namespace
 
 Module make_module(const Case& c) {
@@ -344,6 +430,10 @@ Module make_module(const Case& c) {
     });
   } else if (c.module == "MultiHeadAttention") {
     m = make_multi_head_attention(c);
+  } else if (c.module == "MultiHeadLatentAttention") {
+    m = make_multi_head_latent_attention(c);
+  } else if (c.module == "KVSharingStack") {
+    m = make_kv_sharing_stack(c);
   } else {
     TORCH_CHECK(false, "golden: case ", c.name, " names an unknown module ", c.module);
   }

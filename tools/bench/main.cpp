@@ -26,6 +26,8 @@
 //                               visited, and against a dense bool mask; causal attention over T/2
 //                               with and without a learned T5 relative position bias, and
 //                               soft-capping as a ScoreMod against the softcap option)
+//           mla-decode         (a decoding step of multi-head latent attention at 4096 to
+//                               32768, absorbed and in the book's form, beside MHA and GQA)
 
 #include <attention/attention.h>
 
@@ -952,6 +954,80 @@ void bench_block_mask(int64_t t) {
           torch::equal(built.kv_num_blocks(), evaluated.kv_num_blocks())));
 }
 
+// One decoding step of a DeepSeek-V2-Lite-like attention layer scaled to this machine (d_in =
+// d_out = 2048, 16 heads of 128 features, a latent of 512) at positions 4096 to 32768, whole
+// modules (projections included): MultiHeadLatentAttention over a LatentCache (the absorbed
+// form), the book's form over the same cache (every cached latent up-projected to keys and values
+// each step; at 4096 only, it grows with T x latent x d_out), and MultiHeadAttention with a
+// KVCache of 16 heads (MHA) and of 4 (GQA). Each with its cache's bytes per token.
+void bench_mla_decode() {
+  torch::NoGradGuard no_grad;
+  const int64_t d = settings.quick ? 256 : 2048, heads = 16, latent = settings.quick ? 64 : 512;
+  std::vector<int64_t> positions = {4096, 16384, 32768};
+  if (settings.quick) positions = {256};
+  torch::manual_seed(0);
+  attention::MultiHeadLatentAttention mla(
+      attention::MultiHeadLatentAttentionOptions(d, d, heads).latent_dim(latent));
+  attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(d, d, heads));
+  attention::MultiHeadAttention gqa(
+      attention::MultiHeadAttentionOptions(d, d, heads).num_kv_heads(4));
+  const int64_t head_dim = d / heads;
+  const auto token = torch::randn({1, 1, d});
+  for (const int64_t p : positions) {
+    attention::LatentCache latent_cache(p + 1);
+    latent_cache.append(torch::randn({1, p, latent}));
+    const auto absorbed = [&] {
+      latent_cache.truncate(p);
+      mla(token, &latent_cache);
+    };
+    const double mla_ms = median_ms(absorbed, settings.repeats * 4);
+    record_rate("mla-decode", "cpp.mla.absorbed", p, mla_ms, 4.0 * latent * p);
+    double book_ms = 0;
+    if (p == positions.front()) {
+      // The book's form: the step's latent joins the cache, then every latent is up-projected.
+      const auto book = [&] {
+        latent_cache.truncate(p);
+        const auto all = latent_cache.append(mla->W_DKV(token));
+        const auto split = [&](const torch::Tensor& t) {
+          return t.view({1, -1, heads, head_dim}).transpose(1, 2);
+        };
+        const auto context =
+            F::scaled_dot_product_attention(split(mla->W_query(token)), split(mla->W_UK(all)),
+                                            split(mla->W_UV(all)),
+                                            F::ScaledDotProductAttentionOptions().is_causal(true))
+                .output;
+        mla->out_proj(context.transpose(1, 2).reshape({1, 1, d}));
+      };
+      book_ms = median_ms(book, settings.repeats);
+      record_rate("mla-decode", "cpp.mla.book_form", p, book_ms, 4.0 * latent * p);
+    }
+    std::string text = fmt::format("mla-decode {}: MLA absorbed {:.2f} ms ({} bytes per token)", p,
+                                   mla_ms, 4 * latent);
+    if (book_ms > 0)
+      text += fmt::format("; book's form {:.1f} ms ({:.0f}x)", book_ms, book_ms / mla_ms);
+    for (auto& [name, module, kv_heads] :
+         {std::tuple{"mha", mha, heads}, std::tuple{"gqa", gqa, int64_t{4}}}) {
+      attention::KVCache cache(p + 1);
+      const auto options = attention::MultiHeadAttentionForwardOptions().kv_cache(&cache);
+      cache.append(torch::randn({1, kv_heads, p, head_dim}),
+                   torch::randn({1, kv_heads, p, head_dim}));
+      auto m = module;
+      const double ms = median_ms(
+          [&] {
+            cache.truncate(p);
+            m(token, options);
+          },
+          settings.repeats * 4);
+      const double bytes_per_token = 2.0 * kv_heads * head_dim * 4;
+      record_rate("mla-decode", fmt::format("cpp.{}.kv{}", name, kv_heads), p, ms,
+                  bytes_per_token * p);
+      text += fmt::format("; {} {:.2f} ms ({:.0f} bytes per token, {:.2f}x MLA's time)", name, ms,
+                          bytes_per_token, ms / mla_ms);
+    }
+    progress(text);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -970,7 +1046,8 @@ int main(int argc, char** argv) {
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
-          "        read-rate paged-decode paged-prefill block-mask:T block-attention:T\n");
+          "        read-rate paged-decode paged-prefill block-mask:T block-attention:T\n"
+          "        mla-decode\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -1008,6 +1085,8 @@ int main(int argc, char** argv) {
       read_rate_gb_per_s();
     } else if (g == "paged-decode") {
       bench_paged_decode();
+    } else if (g == "mla-decode") {
+      bench_mla_decode();
     } else if (g == "paged-prefill") {
       bench_paged_prefill();
     } else if (g.rfind("block-mask:", 0) == 0) {
