@@ -281,6 +281,7 @@ def case_list():
     block_mask_cases(cases, add, mha)
     latent_cases(cases, add)
     sharing_cases(cases, add)
+    gated_cases(cases, add)
     for i, case in enumerate(cases):
         case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
@@ -512,6 +513,28 @@ def sharing_cases(cases, add):
           forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
     stack("kv_sharing_T1024_chunked", 16, 4, 3, 1, [1, 1024, 16],
           forward=dict(backend="chunked"), path="chunked_fused")
+
+
+def gated_cases(cases, add):
+    """Gated attention: the book's GatedMultiHeadAttention against MultiHeadAttention with
+    gate(true), forward and backward, and decoding through a KVCache (forward["decode"]). Seeds
+    of their own."""
+    def gated(name, d_in, d_out, heads, shape, dtype="float32", qkv_bias=False, **kw):
+        args = dict(d_in=d_in, d_out=d_out, context_length=shape[-2], dropout=0.0,
+                    num_heads=heads, qkv_bias=qkv_bias)
+        add(name, "GatedMultiHeadAttention", args, [shape], dtype, **kw)
+        cases[-1]["seed"] = 4600 + len(names)
+        names.append(name)
+
+    names = []
+    for dtype in ("float32", "float64"):
+        gated(f"gated_T6_{dtype}", 8, 8, 2, [2, 6, 8], dtype)
+    gated("gated_bias_T37", 12, 16, 4, [2, 37, 12], "float64", qkv_bias=True)
+    gated("gated_saturated", 8, 8, 2, [2, 6, 8], magnitude=30.0)
+    gated("gated_decode_chunks", 8, 16, 4, [2, 40, 8], "float64",
+          forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
+    gated("gated_T1024_chunked", 16, 32, 4, [1, 1024, 16], forward=dict(backend="chunked"),
+          path="chunked_fused")
 
 
 def block_mask_hidden(spec, t_q, t_k):

@@ -333,6 +333,55 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(context_vec)
 
 
+def head_size(d_out: int, num_heads: int) -> int:
+    """The book's head_dim, with its check that the heads divide d_out."""
+    assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+    return d_out // num_heads
+
+
+def split_heads(x, num_heads: int):
+    """(b, T, d_out) -> (b, num_heads, T, head_dim), as the book's classes reshape."""
+    b, t, d = x.shape
+    return x.view(b, t, num_heads, d // num_heads).transpose(1, 2)
+
+
+class GatedMultiHeadAttention(nn.Module):
+    """The book's GatedMultiHeadAttention (chapter 4, 08_deltanet; Qwen3-Next's gated attention):
+    the book's causal MultiHeadAttention with a gate projection W_gate, made right after W_query,
+    and the heads' joined outputs times sigmoid(W_gate x) before out_proj. Its causal mask is a
+    non-persistent buffer, so state dicts hold the five projections only."""
+
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False):
+        super().__init__()
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = head_size(d_out, num_heads)
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_gate = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer(
+            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1),
+            persistent=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        queries = split_heads(self.W_query(x), self.num_heads)
+        gate = self.W_gate(x)
+        keys = split_heads(self.W_key(x), self.num_heads)
+        values = split_heads(self.W_value(x), self.num_heads)
+        scores = queries @ keys.transpose(-2, -1)
+        # The book fills with the dtype's lowest value; every query sees its own token, so -inf
+        # gives the same weights (and TorchScript scripts it).
+        scores = scores.masked_fill(self.mask[:t, :t] != 0, -torch.inf)
+        weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        context = (weights @ values).transpose(1, 2).reshape(b, t, self.d_out)
+        return self.out_proj(context * torch.sigmoid(gate))
+
+
 class MultiHeadLatentAttention(nn.Module):
     """The book's MultiHeadLatentAttention (chapter 4, 05_mla) without its cache: every token's
     input goes down to a latent of `latent_dim` features (W_DKV), each head's keys and values come
@@ -342,10 +391,9 @@ class MultiHeadLatentAttention(nn.Module):
     def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
                  qkv_bias: bool = False, latent_dim: Optional[int] = None):
         super().__init__()
-        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
         self.d_out = d_out
         self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
+        self.head_dim = head_size(d_out, num_heads)
         self.latent_dim = latent_dim if latent_dim is not None else max(16, d_out // 8)
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_DKV = nn.Linear(d_in, self.latent_dim, bias=qkv_bias)
@@ -354,16 +402,12 @@ class MultiHeadLatentAttention(nn.Module):
         self.out_proj = nn.Linear(d_out, d_out)
         self.dropout = nn.Dropout(dropout)
 
-    def heads(self, x):
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-
     def forward(self, x):
         b, t, _ = x.shape
         latent = self.W_DKV(x)
-        queries = self.heads(self.W_query(x))
-        keys = self.heads(self.W_UK(latent))
-        values = self.heads(self.W_UV(latent))
+        queries = split_heads(self.W_query(x), self.num_heads)
+        keys = split_heads(self.W_UK(latent), self.num_heads)
+        values = split_heads(self.W_UV(latent), self.num_heads)
         scores = queries @ keys.transpose(-2, -1)
         future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
         scores = scores.masked_fill(future, -torch.inf)
@@ -381,25 +425,21 @@ class MultiHeadAttentionWithKVSharing(nn.Module):
     def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
                  qkv_bias: bool = False):
         super().__init__()
-        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
         self.d_out = d_out
         self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
+        self.head_dim = head_size(d_out, num_heads)
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out)
         self.dropout = nn.Dropout(dropout)
 
-    def heads(self, x):
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-
     def forward(self, x, shared_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
         b, t, _ = x.shape
-        queries = self.heads(self.W_query(x))
+        queries = split_heads(self.W_query(x), self.num_heads)
         if shared_kv is None:
-            keys, values = self.heads(self.W_key(x)), self.heads(self.W_value(x))
+            keys = split_heads(self.W_key(x), self.num_heads)
+            values = split_heads(self.W_value(x), self.num_heads)
         else:
             keys, values = shared_kv
         scores = queries @ keys.transpose(-2, -1)
@@ -445,6 +485,7 @@ MODULES = {
     "CrossAttention": CrossAttention,
     "MultiHeadAttention": MultiHeadAttention,
     "MultiHeadLatentAttention": MultiHeadLatentAttention,
+    "GatedMultiHeadAttention": GatedMultiHeadAttention,
     "KVSharingStack": KVSharingStack,
 }
 

@@ -600,6 +600,14 @@ std::vector<BadInput> cases() {
              *attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).num_kv_heads(1)));
        },
        Kind::Value, "num_kv_heads == num_heads"},
+      {"to_torch: an output gate",
+       [] {
+         attention::to_torch(
+             *attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).gate(true)));
+       },
+       Kind::Value,
+       "attention::to_torch: torch::nn::MultiheadAttention has no rotary embedding, soft-capping, "
+       "ALiBi, sinks, output gate or relative position bias, and this module uses one of them"},
       {"to_fused: d_out_kq != d_out_v",
        [] { attention::to_fused(*attention::MultiHeadAttentionWrapper(3, 2, 4, 2)); }, Kind::Value,
        "attention::to_fused: expected a wrapper with"},

@@ -93,6 +93,10 @@ struct MultiHeadAttentionOptions {
   /// ALiBi with the standard slopes of num_heads heads (functional::alibi_slopes), as BLOOM and
   /// MPT; such models have no position embeddings of their own.
   TORCH_ARG(bool, alibi) = false;
+  /// Gated attention (Qwen3-Next; the book's chapter 4, `GatedMultiHeadAttention`): a projection
+  /// `W_gate` (d_in -> d_out, bias as qkv_bias), created after W_query as the book's is, and the
+  /// heads' joined outputs multiplied by sigmoid(W_gate x) before out_proj.
+  TORCH_ARG(bool, gate) = false;
 };
 
 /// Keys and values that one MultiHeadAttention layer hands to later layers: cross-layer KV
@@ -302,6 +306,8 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   MultiHeadAttentionOptions options;
   /// Query projection, d_in -> d_out.
   torch::nn::Linear W_query{nullptr};
+  /// Output gate projection, d_in -> d_out (with `gate(true)`; empty otherwise).
+  torch::nn::Linear W_gate{nullptr};
   /// Key projection, d_in_kv -> num_kv_heads * head_dim.
   torch::nn::Linear W_key{nullptr};
   /// Value projection, d_in_kv -> num_kv_heads * head_dim.
@@ -324,6 +330,9 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   void check_shared_kv(const SharedKV& shared,
                        const MultiHeadAttentionForwardOptions& forward_options, int64_t batch,
                        int64_t tokens) const;
+  /// The heads' joined outputs `context` (..., d_out) of the tokens `x` (..., d_in), times
+  /// sigmoid(W_gate x) with `gate(true)`; `context` itself otherwise.
+  torch::Tensor gated(const torch::Tensor& context, const torch::Tensor& x);
   /// `attention` with this module's variants: alignment, window, soft-capping, ALiBi.
   functional::ScaledDotProductAttentionOptions variants(
       functional::ScaledDotProductAttentionOptions attention) const;

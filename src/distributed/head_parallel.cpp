@@ -111,6 +111,10 @@ void HeadParallelMultiHeadAttentionImpl::reset() {
   TORCH_CHECK_VALUE(!o.alibi() && !o.sinks(), kName,
                     ": ALiBi and attention sinks are not split across ranks (each rank's heads "
                     "would need their share of the slopes or sinks); use neither here");
+  TORCH_CHECK_VALUE(!o.relative_bias() && !o.gate(), kName,
+                    ": a relative position bias and an output gate are not split across ranks "
+                    "(each rank's heads would need their share of the table or of W_gate); use "
+                    "neither here");
   TORCH_CHECK_VALUE(o.output_projection(), kName,
                     ": expected a module with an output projection (output_projection(true)); "
                     "without one the heads' outputs are concatenated, not summed");

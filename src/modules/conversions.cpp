@@ -50,9 +50,11 @@ torch::nn::MultiheadAttention to_torch(const MultiHeadAttentionImpl& mha) {
       "d_out and num_kv_heads == num_heads, got d_in ", o.d_in(), ", d_in_kv ", o.d_in_kv(),
       ", d_out ", o.d_out(), ", num_kv_heads ", o.num_kv_heads(), ", num_heads ", o.num_heads());
   // A causal mask or a window, the caller passes to torch's module as a mask; these it cannot take.
-  TORCH_CHECK_VALUE(!o.rope() && !o.softcap() && !o.alibi() && !o.sinks(),
-                    "attention::to_torch: torch::nn::MultiheadAttention has no rotary embedding, ",
-                    "soft-capping, ALiBi or sinks, and this module uses one of them");
+  TORCH_CHECK_VALUE(
+      !o.rope() && !o.softcap() && !o.alibi() && !o.sinks() && !o.gate() && !o.relative_bias(),
+      "attention::to_torch: torch::nn::MultiheadAttention has no rotary embedding, ",
+      "soft-capping, ALiBi, sinks, output gate or relative position bias, and this "
+      "module uses one of them");
   torch::nn::MultiheadAttention out(torch::nn::MultiheadAttentionOptions(o.d_out(), o.num_heads())
                                         .dropout(o.dropout())
                                         .bias(true));

@@ -89,6 +89,11 @@ void MultiHeadAttentionImpl::reset() {
   using torch::nn::LinearOptions;
   W_query = register_module(
       "W_query", torch::nn::Linear(LinearOptions(o.d_in(), o.d_out()).bias(o.qkv_bias())));
+  // The book's GatedMultiHeadAttention makes its gate right after the queries.
+  W_gate = o.gate() ? register_module(
+                          "W_gate",
+                          torch::nn::Linear(LinearOptions(o.d_in(), o.d_out()).bias(o.qkv_bias())))
+                    : torch::nn::Linear(nullptr);
   W_key = register_module("W_key",
                           torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
   W_value = register_module(
@@ -106,6 +111,11 @@ void MultiHeadAttentionImpl::reset() {
                 "relative_attention_bias",
                 torch::randn({o.relative_bias()->num_buckets(), o.num_heads()}) * 0.02)
           : torch::Tensor();
+}
+
+torch::Tensor MultiHeadAttentionImpl::gated(const torch::Tensor& context, const torch::Tensor& x) {
+  if (!W_gate) return context;
+  return context * torch::sigmoid(detail::project(W_gate, x));
 }
 
 functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
@@ -169,6 +179,7 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   if (o.softcap()) stream << ", softcap=" << *o.softcap();
   if (o.alibi()) stream << ", alibi=true";
   if (o.sinks()) stream << ", sinks=true";
+  if (o.gate()) stream << ", gate=true";
   if (o.relative_bias()) {
     const auto& r = *o.relative_bias();
     if (r.kind == functional::RelativeBuckets::Kind::T5) {
@@ -326,7 +337,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                              .need_weights(forward_options.need_weights())
                              .backend(forward_options.backend())));
 
-  auto context_vec = attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()});
+  auto context_vec = gated(attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()}), xb);
   auto output = out_proj ? detail::project(out_proj, context_vec) : context_vec;
   auto weights = attention.weights;
   if (weights.defined() && forward_options.average_attn_weights()) weights = weights.mean(1);
@@ -486,7 +497,7 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
                    .block_mask(step.block_mask())
                    .score_mod(step.score_mod())
                    .backend(step.backend())));
-  const auto context_vec = attended.reshape({total, options.d_out()});
+  const auto context_vec = gated(attended.reshape({total, options.d_out()}), x);
   return out_proj ? detail::project(out_proj, context_vec.unsqueeze(0)).squeeze(0) : context_vec;
 }
 

@@ -239,11 +239,12 @@ Module make_multi_head_attention(const Case& c) {
           .context_length(a.at("context_length"))
           .dropout(a.at("dropout"))
           .qkv_bias(a.at("qkv_bias"))
-          .num_kv_heads(a.at("num_kv_heads"))
-          .causal(a.at("causal"))
-          .d_in_kv(a.at("d_in_kv"))
+          .num_kv_heads(a.value("num_kv_heads", a.at("num_heads").get<int64_t>()))
+          .causal(a.value("causal", true))
+          .d_in_kv(a.value("d_in_kv", a.at("d_in").get<int64_t>()))
           .alibi(a.value("alibi", false))
-          .sinks(a.value("sinks", false));
+          .sinks(a.value("sinks", false))
+          .gate(c.module == "GatedMultiHeadAttention");
   // The reference's 0 means "none" for the window and the cap.
   if (a.value("sliding_window", 0) > 0)
     mha_options.sliding_window(a.at("sliding_window").get<int64_t>());
@@ -428,7 +429,8 @@ Module make_module(const Case& c) {
     m = wrap(attention::CrossAttention(options), [](auto& cross, const Module::Inputs& in) {
       return Output{cross(in.at("x_1"), in.at("x_2")), {}};
     });
-  } else if (c.module == "MultiHeadAttention") {
+  } else if (c.module == "MultiHeadAttention" || c.module == "GatedMultiHeadAttention") {
+    // The book's gated attention is MultiHeadAttention with gate(true).
     m = make_multi_head_attention(c);
   } else if (c.module == "MultiHeadLatentAttention") {
     m = make_multi_head_latent_attention(c);
