@@ -97,6 +97,20 @@ attention::functional::Backend backend_of(const nlohmann::json& forward) {
   return backends.at(forward.value("backend", "auto"));
 }
 
+// x (B, T, ...) fed to `step` in chunks of the sizes `decode` along T, the outputs joined along T:
+// a case's decoding through a cache, which must equal one forward over x.
+template <typename Step>
+torch::Tensor in_chunks(const torch::Tensor& x, const std::vector<int64_t>& decode, Step step) {
+  std::vector<torch::Tensor> outputs;
+  int64_t start = 0;
+  for (const int64_t n : decode) {
+    outputs.push_back(step(x.narrow(1, start, n)));
+    start += n;
+  }
+  TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
+  return torch::cat(outputs, 1);
+}
+
 // A case's block mask (forward["block_mask"]) over T tokens, made as an application would: the
 // library's builders, or a mask function written here (make_golden.py writes each kind's
 // definition once more, as the dense mask Python's module takes).
@@ -308,14 +322,9 @@ Module make_multi_head_attention(const Case& c) {
     } else {
       options.kv_cache(&cache);
     }
-    std::vector<torch::Tensor> outputs;
-    int64_t start = 0;
-    for (const int64_t n : decode) {
-      outputs.push_back(m(x.narrow(1, start, n), options).output);
-      start += n;
-    }
-    TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
-    return Output{torch::cat(outputs, 1), {}};
+    return Output{
+        in_chunks(x, decode, [&](const torch::Tensor& chunk) { return m(chunk, options).output; }),
+        {}};
   });
 }
 
@@ -329,20 +338,15 @@ Module make_multi_head_latent_attention(const Case& c) {
   options.qkv_bias(a.at("qkv_bias")).dropout(a.at("dropout"));
   options.backend(backend_of(c.forward));
   const auto decode = c.forward.value("decode", std::vector<int64_t>{});
-  return wrap(attention::MultiHeadLatentAttention(options),
-              [decode](attention::MultiHeadLatentAttention& m, const Module::Inputs& in) {
-                const auto& x = in.at("x");
-                if (decode.empty()) return Output{m(x), {}};
-                attention::LatentCache cache(x.size(1));
-                std::vector<torch::Tensor> outputs;
-                int64_t start = 0;
-                for (const int64_t n : decode) {
-                  outputs.push_back(m(x.narrow(1, start, n), &cache));
-                  start += n;
-                }
-                TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
-                return Output{torch::cat(outputs, 1), {}};
-              });
+  return wrap(
+      attention::MultiHeadLatentAttention(options),
+      [decode](attention::MultiHeadLatentAttention& m, const Module::Inputs& in) {
+        const auto& x = in.at("x");
+        if (decode.empty()) return Output{m(x), {}};
+        attention::LatentCache cache(x.size(1));
+        return Output{
+            in_chunks(x, decode, [&](const torch::Tensor& chunk) { return m(chunk, &cache); }), {}};
+      });
 }
 
 // The book's cross-layer KV sharing: MultiHeadAttention layers (`layers.i`) with residual
@@ -384,20 +388,15 @@ TORCH_MODULE(KVSharingStack);
 Module make_kv_sharing_stack(const Case& c) {
   const auto decode = c.forward.value("decode", std::vector<int64_t>{});
   const int64_t producing = c.args.at("n_kv_producing_layers");
-  return wrap(KVSharingStack(c.args, backend_of(c.forward)),
-              [decode, producing](KVSharingStack& m, const Module::Inputs& in) {
-                const auto& x = in.at("x");
-                if (decode.empty()) return Output{m(x, nullptr), {}};
-                std::vector<attention::KVCache> caches(producing, attention::KVCache(x.size(1)));
-                std::vector<torch::Tensor> outputs;
-                int64_t start = 0;
-                for (const int64_t n : decode) {
-                  outputs.push_back(m(x.narrow(1, start, n), &caches));
-                  start += n;
-                }
-                TORCH_CHECK(start == x.size(1), "golden: the decode chunks do not cover the input");
-                return Output{torch::cat(outputs, 1), {}};
-              });
+  return wrap(KVSharingStack(c.args, backend_of(c.forward)), [decode, producing](
+                                                                 KVSharingStack& m,
+                                                                 const Module::Inputs& in) {
+    const auto& x = in.at("x");
+    if (decode.empty()) return Output{m(x, nullptr), {}};
+    std::vector<attention::KVCache> caches(producing, attention::KVCache(x.size(1)));
+    return Output{
+        in_chunks(x, decode, [&](const torch::Tensor& chunk) { return m(chunk, &caches); }), {}};
+  });
 }
 
 }  // namespace
