@@ -282,6 +282,7 @@ def case_list():
     latent_cases(cases, add)
     sharing_cases(cases, add)
     gated_cases(cases, add)
+    deltanet_cases(cases, add)
     for i, case in enumerate(cases):
         case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
@@ -535,6 +536,35 @@ def gated_cases(cases, add):
           forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
     gated("gated_T1024_chunked", 16, 32, 4, [1, 1024, 16], forward=dict(backend="chunked"),
           path="chunked_fused")
+
+
+def deltanet_cases(cases, add):
+    """The book's GatedDeltaNet: forward and backward of its token-by-token loop against the C++
+    module on the fused kernel ("chunked") and on the recurrence in ops ("math"), and decoding
+    through a GatedDeltaNetState (forward["decode"]). Seeds of their own."""
+    def net(name, d_in, d_out, heads, shape, dtype="float32", qkv_bias=False, **kw):
+        args = dict(d_in=d_in, d_out=d_out, dropout=0.0, num_heads=heads, qkv_bias=qkv_bias)
+        backend = kw.setdefault("forward", {}).setdefault("backend", "chunked")
+        kw.setdefault("path", "chunked_fused" if backend != "math" else "math")
+        add(name, "GatedDeltaNet", args, [shape], dtype, **kw)
+        cases[-1]["seed"] = 4700 + len(names)
+        names.append(name)
+
+    names = []
+    for dtype in ("float32", "float64"):
+        net(f"deltanet_T6_{dtype}", 8, 8, 2, [2, 6, 8], dtype)
+        net(f"deltanet_bias_T37_{dtype}", 12, 16, 4, [2, 37, 12], dtype, qkv_bias=True)
+    net("deltanet_math_T37", 12, 16, 4, [2, 37, 12], "float64", forward=dict(backend="math"))
+    net("deltanet_T1", 8, 32, 4, [3, 1, 8])
+    # Saturated gates in float64: in float32 the gradients of W_query and W_key through the L2
+    # normalization of such inputs are off the float64 truth by up to 6e-5 relative, in Python's
+    # loop and in the fused kernel alike, beyond float32's tolerance of the comparison.
+    net("deltanet_saturated_float64", 8, 8, 2, [2, 6, 8], "float64", magnitude=30.0)
+    net("deltanet_T300_head64", 16, 128, 2, [1, 300, 16])
+    net("deltanet_decode_token_by_token", 8, 16, 4, [2, 12, 8],
+        forward=dict(decode=[1] * 12), mode="inference")
+    net("deltanet_bias_decode_chunks_float64", 8, 16, 2, [2, 40, 8], "float64", qkv_bias=True,
+        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
 
 
 def block_mask_hidden(spec, t_q, t_k):

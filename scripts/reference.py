@@ -478,6 +478,74 @@ class KVSharingStack(nn.Module):
         return x
 
 
+class RMSNorm(nn.Module):
+    """nn.RMSNorm of PyTorch 2.4 and later over the last dimension (parameter `weight`, ones),
+    written out for the PyTorch generations that lack it."""
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(normalized_shape))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def l2norm(x, eps: float = 1e-6):
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    """The book's GatedDeltaNet (chapter 4, 08_deltanet): unit queries (scaled) and keys, an
+    update gate beta per value feature, a decay per head from A_log, W_alpha and dt_bias, the
+    gated delta rule token by token over a d x d state per head, then RMSNorm and a SiLU gate.
+    Constructor arguments, parameter names and their order are the book's."""
+
+    def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False):
+        super().__init__()
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = head_size(d_out, num_heads)
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_gate = nn.Linear(d_in, d_out, bias=False)
+        self.W_beta = nn.Linear(d_in, d_out, bias=False)
+        self.W_alpha = nn.Linear(d_in, num_heads, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(num_heads))
+        self.A_log = nn.Parameter(torch.zeros(num_heads))
+        self.norm = RMSNorm(self.head_dim, eps=1e-6)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        queries = l2norm(split_heads(self.W_query(x), self.num_heads)) / (self.head_dim ** 0.5)
+        keys = l2norm(split_heads(self.W_key(x), self.num_heads))
+        values = split_heads(self.W_value(x), self.num_heads)
+        beta = split_heads(torch.sigmoid(self.W_beta(x)), self.num_heads)
+        alpha = -self.A_log.exp().view(1, 1, -1) * nn.functional.softplus(
+            self.W_alpha(x) + self.dt_bias)
+        gate = self.W_gate(x).view(b, t, self.num_heads, self.head_dim)
+        state = x.new_zeros(b, self.num_heads, self.head_dim, self.head_dim)
+        outs: List[torch.Tensor] = []
+        for i in range(t):
+            k_t = keys[:, :, i]
+            state = state * alpha[:, i].exp().unsqueeze(-1).unsqueeze(-1)
+            kv_mem = (state * k_t.unsqueeze(-1)).sum(dim=-2)
+            delta = (values[:, :, i] - kv_mem) * beta[:, :, i]
+            state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
+            outs.append((state * queries[:, :, i].unsqueeze(-1)).sum(dim=-2))
+        if t > 0:
+            context = torch.stack(outs, dim=2).transpose(1, 2)
+        else:
+            context = x.new_zeros(b, 0, self.num_heads, self.head_dim)
+        context = self.norm(context) * nn.functional.silu(gate)
+        context = self.dropout(context.reshape(b, t, self.d_out))
+        return self.out_proj(context)
+
+
 MODULES = {
     "SelfAttention": SelfAttention,
     "MultiHeadAttentionWrapper": MultiHeadAttentionWrapper,
@@ -487,6 +555,7 @@ MODULES = {
     "MultiHeadLatentAttention": MultiHeadLatentAttention,
     "GatedMultiHeadAttention": GatedMultiHeadAttention,
     "KVSharingStack": KVSharingStack,
+    "GatedDeltaNet": GatedDeltaNet,
 }
 
 

@@ -35,6 +35,10 @@ std::vector<BadInput> cases() {
   auto mha_cross =
       attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).d_in_kv(4).causal(false));
   auto mla = attention::MultiHeadLatentAttention(8, 8, 2);
+  auto delta_net = attention::GatedDeltaNet(8, 8, 2);
+  auto rand = [](std::vector<int64_t> shape) { return torch::rand(shape); };
+  auto dq = torch::rand({2, 2, 5, 4}), dv = torch::rand({2, 2, 5, 3}),
+       dlog = -torch::rand({2, 2, 5}), dbeta = torch::rand({2, 2, 5});
   const attention::SharedKV shared{torch::randn({2, 2, 5, 4}), torch::randn({2, 2, 5, 4})};
   auto x = torch::randn({2, 5, 8});
   auto meta = [](std::vector<int64_t> shape) { return torch::empty(shape, torch::kMeta); };
@@ -593,6 +597,131 @@ std::vector<BadInput> cases() {
        "would exceed 2^63 - 1 bytes"},
       {"LatentCache: truncate to -1", [] { attention::LatentCache(4).truncate(-1); }, Kind::Value,
        "attention::LatentCache: cannot truncate to -1 tokens: 0 are cached"},
+      // gated_delta_rule, GatedDeltaNet, GatedDeltaNetState and RMSNorm
+      {"gated_delta_rule: rank 3 query",
+       [=] {
+         F::gated_delta_rule(rand({2, 5, 4}), rand({2, 5, 4}), rand({2, 5, 4}), rand({2, 5}),
+                             rand({2, 5}));
+       },
+       Kind::Value,
+       "attention::functional::gated_delta_rule: expected query of shape (B, H, T, d_k), got (2, "
+       "5, 4)"},
+      {"gated_delta_rule: key of another shape",
+       [=] {
+         F::gated_delta_rule(dq, rand({2, 2, 5, 3}), dv, dlog, dbeta);
+       },
+       Kind::Value,
+       "attention::functional::gated_delta_rule: expected key of query's shape (2, 2, 5, 4), got "
+       "(2, 2, 5, 3)"},
+      {"gated_delta_rule: value of other tokens",
+       [=] {
+         F::gated_delta_rule(dq, dq, rand({2, 2, 6, 3}), dlog, dbeta);
+       },
+       Kind::Value,
+       "attention::functional::gated_delta_rule: expected value of shape (2, 2, 5, d_v), got (2, "
+       "2, 6, 3)"},
+      {"gated_delta_rule: log_decay per feature",
+       [=] {
+         F::gated_delta_rule(dq, dq, dv, rand({2, 2, 5, 4}), dbeta);
+       },
+       Kind::Value,
+       "attention::functional::gated_delta_rule: expected log_decay of shape (2, 2, 5), got (2, 2, "
+       "5, 4)"},
+      {"gated_delta_rule: beta of the keys' width",
+       [=] {
+         F::gated_delta_rule(dq, dq, dv, dlog, rand({2, 2, 5, 4}));
+       },
+       Kind::Value,
+       "attention::functional::gated_delta_rule: expected beta of shape (2, 2, 5, 3) or (2, 2, 5), "
+       "got (2, 2, 5, 4)"},
+      {"gated_delta_rule: initial_state of another shape",
+       [=] {
+         F::gated_delta_rule(dq, dq, dv, dlog, dbeta,
+                             F::GatedDeltaRuleOptions().initial_state(rand({2, 2, 3, 4})));
+       },
+       Kind::Value,
+       "attention::functional::gated_delta_rule: expected initial_state of shape (2, 2, 4, 3), got "
+       "(2, 2, 3, 4)"},
+      {"gated_delta_rule: initial_state of another dtype",
+       [=] {
+         F::gated_delta_rule(
+             dq, dq, dv, dlog, dbeta,
+             F::GatedDeltaRuleOptions().initial_state(torch::zeros({2, 2, 4, 3}, torch::kDouble)));
+       },
+       Kind::Type,
+       "attention::functional::gated_delta_rule: expected query, key, value, log_decay, beta and "
+       "initial_state of one dtype, got Float and Double"},
+      {"gated_delta_rule: integer tensors",
+       [=] {
+         const auto i = [](std::vector<int64_t> shape) { return torch::ones(shape, torch::kLong); };
+         F::gated_delta_rule(i({1, 1, 2, 2}), i({1, 1, 2, 2}), i({1, 1, 2, 2}), i({1, 1, 2}),
+                             i({1, 1, 2}));
+       },
+       Kind::Type,
+       "attention::functional::gated_delta_rule: expected a floating-point dtype, got Long"},
+      {"gated_delta_rule: half on the CPU",
+       [=] {
+         const auto h = [](torch::Tensor x) { return x.to(torch::kHalf); };
+         F::gated_delta_rule(h(dq), h(dq), h(dv), h(dlog), h(dbeta));
+       },
+       Kind::Type,
+       "attention::functional::gated_delta_rule: expected Float, Double or BFloat16 on the CPU, "
+       "got Half"},
+      {"gated_delta_rule: another device",
+       [=] {
+         F::gated_delta_rule(dq, dq, dv, dlog, meta({2, 2, 5}));
+       },
+       Kind::Other,
+       "attention::functional::gated_delta_rule: expected every tensor on one device, got cpu and "
+       "meta"},
+      {"gated_delta_rule: Native",
+       [=] {
+         F::gated_delta_rule(dq, dq, dv, dlog, dbeta,
+                             F::GatedDeltaRuleOptions().backend(F::Backend::Native));
+       },
+       Kind::Value,
+       "attention::functional::gated_delta_rule: Backend::Native has no gated delta rule; use "
+       "Auto, Chunked or Math"},
+      {"gated_delta_rule: undefined beta",
+       [=] { F::gated_delta_rule(dq, dq, dv, dlog, torch::Tensor()); }, Kind::Value,
+       "attention::functional::gated_delta_rule: expected defined query, key, value, log_decay and "
+       "beta tensors"},
+      {"GatedDeltaNet: feature size", fwd(delta_net, torch::rand({2, 6, 3})), Kind::Value,
+       "attention::GatedDeltaNet: expected x (T, 8) or (B, T, 8), got (2, 6, 3)"},
+      {"GatedDeltaNet: dtype", fwd(delta_net, torch::rand({6, 8}, torch::kDouble)), Kind::Type,
+       "attention::GatedDeltaNet: expected x of dtype Float (the parameters' dtype), got Double"},
+      {"GatedDeltaNet: device", fwd(delta_net, meta({6, 8})), Kind::Other, "got meta"},
+      {"GatedDeltaNet: num_heads does not divide d_out", [] { attention::GatedDeltaNet(8, 9, 2); },
+       Kind::Value,
+       "attention::GatedDeltaNet: expected num_heads to divide d_out, got d_out 9 and num_heads 2"},
+      {"GatedDeltaNet: num_heads 0", [] { attention::GatedDeltaNet(8, 8, 0); }, Kind::Value,
+       "attention::GatedDeltaNet: expected num_heads > 0, got 0"},
+      {"GatedDeltaNet: num_heads INT64_MAX",
+       [] { attention::GatedDeltaNet(8, 8, std::numeric_limits<int64_t>::max()); }, Kind::Value,
+       "attention::GatedDeltaNet: expected num_heads to divide d_out, got d_out 8 and num_heads "
+       "9223372036854775807"},
+      {"GatedDeltaNet: dropout 1",
+       [] { attention::GatedDeltaNet(attention::GatedDeltaNetOptions(8, 8, 2).dropout(1.0)); },
+       Kind::Value, "attention::GatedDeltaNet: expected dropout in [0, 1), got 1"},
+      {"GatedDeltaNet: a state of another batch size",
+       [=]() mutable {
+         attention::GatedDeltaNetState state;
+         delta_net(torch::rand({2, 3, 8}), &state);
+         delta_net(torch::rand({1, 1, 8}), &state);
+       },
+       Kind::Value, "attention::GatedDeltaNet: expected x of the state's batch size 2, got 1"},
+      {"RMSNorm: normalized_shape 0", [] { attention::RMSNorm(0); }, Kind::Value,
+       "attention::RMSNorm: expected normalized_shape > 0, got 0"},
+      {"RMSNorm: last dimension",
+       [] {
+         attention::RMSNorm(4)(torch::rand({2, 3}));
+       },
+       Kind::Value, "attention::RMSNorm: expected input whose last dimension is 4, got (2, 3)"},
+      {"RMSNorm: dtype",
+       [] {
+         attention::RMSNorm(4)(torch::rand({2, 4}, torch::kDouble));
+       },
+       Kind::Type, "attention::RMSNorm: expected input of the weight's dtype Float, got Double"},
       // conversions
       {"to_torch: grouped heads",
        [] {
@@ -858,6 +987,12 @@ TEST_CASE("bad input: an empty sequence (T = 0) gives an empty output from every
   CHECK(torch::isfinite(no_keys).all().item<bool>());
   attention::MultiHeadAttention mha(MultiHeadAttentionOptions(3, 4, 2));
   CHECK(mha(empty).output.sizes() == torch::IntArrayRef({2, 0, 4}));
+  // A state that has seen no tokens is the zero state.
+  attention::GatedDeltaNet delta_net(3, 4, 2);
+  attention::GatedDeltaNetState state;
+  CHECK(delta_net(empty, &state).sizes() == torch::IntArrayRef({2, 0, 4}));
+  CHECK(state.length() == 0);
+  CHECK(state.state().abs().max().item<float>() == 0.0f);
 }
 
 TEST_CASE("bad input: NaN and Inf propagate through every module without a crash", "[errors]") {
@@ -865,9 +1000,12 @@ TEST_CASE("bad input: NaN and Inf propagate through every module without a crash
   x[0][2][1] = NAN;
   x[1][3][0] = INFINITY;
   std::vector<torch::Tensor> outputs = {
-      attention::SelfAttention(3, 2, 4)(x), attention::CausalSelfAttention(3, 2, 4)(x),
-      attention::MultiHeadAttentionWrapper(3, 2, 4, 2)(x), attention::CrossAttention(3, 2, 4)(x, x),
-      attention::MultiHeadAttention(MultiHeadAttentionOptions(3, 4, 2).causal(false))(x).output};
+      attention::SelfAttention(3, 2, 4)(x),
+      attention::CausalSelfAttention(3, 2, 4)(x),
+      attention::MultiHeadAttentionWrapper(3, 2, 4, 2)(x),
+      attention::CrossAttention(3, 2, 4)(x, x),
+      attention::MultiHeadAttention(MultiHeadAttentionOptions(3, 4, 2).causal(false))(x).output,
+      attention::GatedDeltaNet(3, 4, 2)(x)};
   for (const auto& out : outputs) {
     CHECK_FALSE(torch::isfinite(out[0]).all().item<bool>());
     CHECK_FALSE(torch::isfinite(out[1]).all().item<bool>());

@@ -9,6 +9,8 @@
 #include <attention/cross_attention.h>
 #include <attention/format.h>
 #include <attention/functional.h>
+#include <attention/gated_delta_net.h>
+#include <attention/gated_delta_rule.h>
 #include <attention/heatmap.h>
 #include <attention/kv_cache.h>
 #include <attention/latent_cache.h>
@@ -17,6 +19,7 @@
 #include <attention/multi_head_latent_attention.h>
 #include <attention/paged_attention.h>
 #include <attention/paged_kv_cache.h>
+#include <attention/rms_norm.h>
 #include <attention/rotary.h>
 #include <attention/safetensors.h>
 #include <attention/score_mod.h>

@@ -50,7 +50,8 @@ enum class Path {
 };
 
 /// The kernel that computed the calling thread's most recent scaled_dot_product_attention() or
-/// projected_attention() call, for diagnostics and for tests that must know which path ran.
+/// projected_attention() call (or gated_delta_rule(): Math for its recurrence in ops,
+/// ChunkedFused for its CPU kernel), for diagnostics and for tests that must know which path ran.
 ATTENTION_API Path last_path();
 
 /// Auto picks Chunked when the scores (..., H, Tq, Tk) would hold at least this many elements.

@@ -1,6 +1,7 @@
 #include <attention/functional.h>
 #include <attention/paged_attention.h>
 
+#include "functional/last_path.h"
 #include "kernels/chunked.h"
 #include "kernels/kernels.h"
 #include "kernels/paged.h"
@@ -208,6 +209,10 @@ torch::Tensor alibi_slopes(int64_t num_heads) {
 
 Path last_path() {
   return last;
+}
+
+void record_last_path(Path path) {
+  last = path;
 }
 
 AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,

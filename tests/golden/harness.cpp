@@ -399,6 +399,23 @@ Module make_kv_sharing_stack(const Case& c) {
   });
 }
 
+// The book's GatedDeltaNet; forward["decode"]: chunk sizes fed through a GatedDeltaNetState,
+// whose outputs joined must equal Python's one forward.
+Module make_gated_delta_net(const Case& c) {
+  const auto& a = c.args;
+  attention::GatedDeltaNetOptions options(a.at("d_in"), a.at("d_out"), a.at("num_heads"));
+  options.qkv_bias(a.at("qkv_bias")).dropout(a.at("dropout")).backend(backend_of(c.forward));
+  const auto decode = c.forward.value("decode", std::vector<int64_t>{});
+  return wrap(attention::GatedDeltaNet(options), [decode](attention::GatedDeltaNet& m,
+                                                          const Module::Inputs& in) {
+    const auto& x = in.at("x");
+    if (decode.empty()) return Output{m(x), {}};
+    attention::GatedDeltaNetState state;
+    return Output{
+        in_chunks(x, decode, [&](const torch::Tensor& chunk) { return m(chunk, &state); }), {}};
+  });
+}
+
 }  // namespace
 
 Module make_module(const Case& c) {
@@ -435,6 +452,8 @@ Module make_module(const Case& c) {
     m = make_multi_head_latent_attention(c);
   } else if (c.module == "KVSharingStack") {
     m = make_kv_sharing_stack(c);
+  } else if (c.module == "GatedDeltaNet") {
+    m = make_gated_delta_net(c);
   } else {
     TORCH_CHECK(false, "golden: case ", c.name, " names an unknown module ", c.module);
   }

@@ -28,6 +28,9 @@
 //                               soft-capping as a ScoreMod against the softcap option)
 //           mla-decode         (a decoding step of multi-head latent attention at 4096 to
 //                               32768, absorbed and in the book's form, beside MHA and GQA)
+//           deltanet           (Gated DeltaNet's delta rule at T = 4096 and 16384, fused against
+//                               the recurrence in ops and against causal softmax attention, and
+//                               a decoding step at both positions)
 
 #include <attention/attention.h>
 
@@ -1028,6 +1031,103 @@ void bench_mla_decode() {
   }
 }
 
+// Gated DeltaNet's delta rule (B = 1, H = 8, head_dim 64, float32) at T = 4096 and 16384: the
+// fused kernel against the recurrence in LibTorch ops (Backend::Math, the book's loop; training
+// at 4096 only, its graph keeps every token's state), and against causal softmax attention of the
+// same sizes on Chunked, inference and training. Then one decoding step of the whole module
+// (d = 512) at both positions beside MultiHeadAttention's over a KVCache.
+void bench_deltanet() {
+  const int64_t h = 8, d = 64;
+  std::vector<int64_t> lengths = {4096, 16384};
+  if (settings.quick) lengths = {256};
+  torch::manual_seed(0);
+  // 2 d² multiply-adds per token and head for the step's two passes over the state, and the
+  // same again for the products Sᵀk and Sᵀq: 8 d² flops.
+  const auto rule_gflop = [&](int64_t t) { return 8.0 * h * t * d * d / 1e9; };
+  for (const int64_t t : lengths) {
+    const auto unit = [](torch::Tensor x) { return x / x.norm(2, -1, true); };
+    const auto q = unit(torch::randn({1, h, t, d})) / 8.0, k = unit(torch::randn({1, h, t, d}));
+    const auto v = torch::randn({1, h, t, d});
+    const auto log_decay = -torch::rand({1, h, t}) * 0.1, beta = torch::rand({1, h, t, d});
+    const auto rule = [&](Backend backend, bool train) {
+      std::vector<torch::Tensor> in{q, k, v, log_decay, beta};
+      for (auto& x : in) x = x.detach().requires_grad_(train);
+      auto out = F::gated_delta_rule(in[0], in[1], in[2], in[3], in[4],
+                                     F::GatedDeltaRuleOptions().backend(backend));
+      if (train) out.output.sum().backward();
+    };
+    const double fused_ms = median_ms([&] { rule(Backend::Chunked, false); }, settings.repeats);
+    const double fused_train_ms =
+        median_ms([&] { rule(Backend::Chunked, true); }, settings.repeats);
+    record("deltanet", "cpp.delta_rule.fused", "forward", t, fused_ms, rule_gflop(t));
+    record("deltanet", "cpp.delta_rule.fused", "forward+backward", t, fused_train_ms,
+           3 * rule_gflop(t));
+    const double recurrence_ms = median_ms([&] { rule(Backend::Math, false); }, 1, false);
+    record("deltanet", "cpp.delta_rule.recurrence", "forward", t, recurrence_ms, rule_gflop(t));
+    std::string text = fmt::format(
+        "deltanet {}: fused forward {:.1f} ms, forward+backward {:.1f} ms; the recurrence in ops "
+        "{:.0f} ms ({:.1f}x the fused)",
+        t, fused_ms, fused_train_ms, recurrence_ms, recurrence_ms / fused_ms);
+    if (t == lengths.front()) {
+      const double train_ms = median_ms([&] { rule(Backend::Math, true); }, 1, false);
+      record("deltanet", "cpp.delta_rule.recurrence", "forward+backward", t, train_ms,
+             3 * rule_gflop(t));
+      text += fmt::format(", its forward+backward {:.0f} ms ({:.1f}x)", train_ms,
+                          train_ms / fused_train_ms);
+    }
+    const auto attend = [&](bool train) {
+      std::vector<torch::Tensor> in{q, k, v};
+      for (auto& x : in) x = x.detach().requires_grad_(train);
+      auto out = F::scaled_dot_product_attention(
+          in[0], in[1], in[2],
+          F::ScaledDotProductAttentionOptions().is_causal(true).backend(Backend::Chunked));
+      if (train) out.output.sum().backward();
+    };
+    const double softmax_ms = median_ms([&] { attend(false); }, settings.repeats);
+    const double softmax_train_ms = median_ms([&] { attend(true); }, settings.repeats);
+    const double softmax_gflop = 2.0 * h * t * t * d / 1e9;
+    record("deltanet", "cpp.core.chunked.causal", "forward", t, softmax_ms, softmax_gflop);
+    record("deltanet", "cpp.core.chunked.causal", "forward+backward", t, softmax_train_ms,
+           2.5 * softmax_gflop);
+    progress(text + fmt::format("; causal softmax attention {:.1f} ms ({:.2f}x the fused), "
+                                "forward+backward {:.1f} ms ({:.2f}x)",
+                                softmax_ms, softmax_ms / fused_ms, softmax_train_ms,
+                                softmax_train_ms / fused_train_ms));
+  }
+  // Decoding: the module's step from a state, whatever the position, against MHA's over a cache.
+  torch::NoGradGuard no_grad;
+  const int64_t model = h * d;
+  attention::GatedDeltaNet net(attention::GatedDeltaNetOptions(model, model, h));
+  attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(model, model, h));
+  const auto token = torch::randn({1, 1, model});
+  for (const int64_t p : lengths) {
+    attention::GatedDeltaNetState state;
+    net(torch::randn({1, p, model}), &state);
+    const auto carried = state;
+    const double net_ms = median_ms(
+        [&] {
+          state = carried;
+          net(token, &state);
+        },
+        settings.repeats * 4);
+    attention::KVCache cache(p + 1);
+    cache.append(torch::randn({1, h, p, d}), torch::randn({1, h, p, d}));
+    const auto options = attention::MultiHeadAttentionForwardOptions().kv_cache(&cache);
+    const double mha_ms = median_ms(
+        [&] {
+          cache.truncate(p);
+          mha(token, options);
+        },
+        settings.repeats * 4);
+    record_rate("deltanet", "cpp.gated_delta_net.decode", p, net_ms,
+                static_cast<double>(state.bytes_per_sequence()));
+    record_rate("deltanet", "cpp.mha.decode", p, mha_ms, 2.0 * h * d * 4 * p);
+    progress(fmt::format(
+        "deltanet decode at {}: GatedDeltaNet {:.3f} ms ({} bytes of state), MHA {:.3f} ms ({} "
+        "bytes of cache)",
+        p, net_ms, state.bytes_per_sequence(), mha_ms, 2 * h * d * 4 * p));
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1047,7 +1147,7 @@ int main(int argc, char** argv) {
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
           "        read-rate paged-decode paged-prefill block-mask:T block-attention:T\n"
-          "        mla-decode\n");
+          "        mla-decode deltanet\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -1087,6 +1187,8 @@ int main(int argc, char** argv) {
       bench_paged_decode();
     } else if (g == "mla-decode") {
       bench_mla_decode();
+    } else if (g == "deltanet") {
+      bench_deltanet();
     } else if (g == "paged-prefill") {
       bench_paged_prefill();
     } else if (g.rfind("block-mask:", 0) == 0) {
