@@ -283,6 +283,7 @@ def case_list():
     sharing_cases(cases, add)
     gated_cases(cases, add)
     deltanet_cases(cases, add)
+    dsa_cases(cases, add)
     for i, case in enumerate(cases):
         case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
@@ -564,6 +565,37 @@ def deltanet_cases(cases, add):
     net("deltanet_decode_token_by_token", 8, 16, 4, [2, 12, 8],
         forward=dict(decode=[1] * 12), mode="inference")
     net("deltanet_bias_decode_chunks_float64", 8, 16, 2, [2, 40, 8], "float64", qkv_bias=True,
+        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
+
+
+def dsa_cases(cases, add):
+    """The book's MultiHeadAttentionWithDSA (its indexer choosing deterministically, see
+    reference.LightningIndexer): forward and backward against DeepSeekSparseAttention on the fused
+    kernel ("chunked") and on gathered keys in ops ("math"), and decoding through a
+    SparseAttentionCache (forward["decode"]). Seeds of their own."""
+    def dsa(name, d_in, d_out, heads, shape, dtype="float32", qkv_bias=False, index_heads=2,
+            index_dim=4, topk=3, **kw):
+        args = dict(d_in=d_in, d_out=d_out, dropout=0.0, num_heads=heads, qkv_bias=qkv_bias,
+                    index_n_heads=index_heads, index_head_dim=index_dim, topk=topk)
+        backend = kw.setdefault("forward", {}).setdefault("backend", "chunked")
+        kw.setdefault("path", "chunked_fused" if backend != "math" else "math")
+        add(name, "MultiHeadAttentionWithDSA", args, [shape], dtype, **kw)
+        cases[-1]["seed"] = 4800 + len(names)
+        names.append(name)
+
+    names = []
+    for dtype in ("float32", "float64"):
+        dsa(f"dsa_T6_{dtype}", 8, 8, 2, [2, 6, 8], dtype)
+        dsa(f"dsa_bias_T37_{dtype}", 12, 16, 4, [2, 37, 12], dtype, qkv_bias=True, index_heads=4,
+            index_dim=8, topk=8)
+    dsa("dsa_math_T37", 12, 16, 4, [2, 37, 12], "float64", topk=8, forward=dict(backend="math"))
+    dsa("dsa_topk_beyond_T", 8, 8, 2, [2, 9, 8], "float64", topk=64)
+    dsa("dsa_topk1", 8, 8, 2, [2, 9, 8], "float64", topk=1)
+    dsa("dsa_saturated_float64", 8, 8, 2, [2, 6, 8], "float64", magnitude=30.0)
+    dsa("dsa_T300", 16, 32, 4, [1, 300, 16], index_heads=4, index_dim=16, topk=32)
+    dsa("dsa_decode_token_by_token", 8, 16, 4, [2, 12, 8], topk=4,
+        forward=dict(decode=[1] * 12), mode="inference")
+    dsa("dsa_bias_decode_chunks_float64", 8, 16, 2, [2, 40, 8], "float64", qkv_bias=True, topk=5,
         forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
 
 

@@ -546,6 +546,72 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(context)
 
 
+class LightningIndexer(nn.Module):
+    """The book's LightningIndexer (chapter 4, 09_dsa): I[t, s] = sum_j w[t, j] ReLU(q[t, j] . k[s]
+    / sqrt(index_head_dim)), w the softmax over the index heads of W_weights x. The one change:
+    the top-k are chosen deterministically (highest score first, the earlier token first among
+    equal ones) where the book calls torch.topk, whose order among ties is unspecified."""
+
+    def __init__(self, d_model: int, index_n_heads: int, index_head_dim: int):
+        super().__init__()
+        self.index_n_heads = index_n_heads
+        self.index_head_dim = index_head_dim
+        self.W_q_index = nn.Linear(d_model, index_n_heads * index_head_dim, bias=False)
+        self.W_k_index = nn.Linear(d_model, index_head_dim, bias=False)
+        self.W_weights = nn.Linear(d_model, index_n_heads, bias=False)
+        self.scale = index_head_dim ** -0.5
+
+    def forward(self, x, x_ctx, topk: int, causal_mask: torch.Tensor):
+        b, t, _ = x.shape
+        s = x_ctx.shape[1]
+        q = self.W_q_index(x).view(b, t, self.index_n_heads, self.index_head_dim)
+        k = self.W_k_index(x_ctx)
+        raw = torch.relu(torch.einsum("bthd,bsd->bths", q, k) * self.scale)
+        w = self.W_weights(x).softmax(dim=-1)
+        scores = torch.einsum("bth,bths->bts", w, raw) + causal_mask
+        order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+        return order[..., :min(topk, s)]
+
+
+class MultiHeadAttentionWithDSA(nn.Module):
+    """The book's MultiHeadAttentionWithDSA (chapter 4, 09_dsa) without its cache: causal
+    multi-head attention whose queries each see only the top-k tokens the indexer picks among
+    themselves and those before them. Constructor arguments, parameter names and their order are
+    the book's."""
+
+    def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False, index_n_heads: int = 4, index_head_dim: int = 64,
+                 topk: int = 64):
+        super().__init__()
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = head_size(d_out, num_heads)
+        self.topk = topk
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.indexer = LightningIndexer(d_in, index_n_heads, index_head_dim)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        queries = split_heads(self.W_query(x), self.num_heads)
+        keys = split_heads(self.W_key(x), self.num_heads)
+        values = split_heads(self.W_value(x), self.num_heads)
+        scores = queries @ keys.transpose(2, 3)
+        future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
+        causal = torch.zeros(t, t, dtype=scores.dtype, device=x.device)
+        causal = causal.masked_fill(future, -torch.inf)
+        chosen = self.indexer(x, x, self.topk, causal)
+        sparse = torch.full((b, t, t), -torch.inf, dtype=scores.dtype, device=x.device)
+        sparse = sparse.scatter(-1, chosen, 0.0)
+        scores = scores + (causal.unsqueeze(0) + sparse).unsqueeze(1)
+        weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        context = (weights @ values).transpose(1, 2).contiguous().view(b, t, self.d_out)
+        return self.out_proj(context)
+
+
 MODULES = {
     "SelfAttention": SelfAttention,
     "MultiHeadAttentionWrapper": MultiHeadAttentionWrapper,
@@ -556,6 +622,7 @@ MODULES = {
     "GatedMultiHeadAttention": GatedMultiHeadAttention,
     "KVSharingStack": KVSharingStack,
     "GatedDeltaNet": GatedDeltaNet,
+    "MultiHeadAttentionWithDSA": MultiHeadAttentionWithDSA,
 }
 
 

@@ -36,6 +36,8 @@ std::vector<BadInput> cases() {
       attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).d_in_kv(4).causal(false));
   auto mla = attention::MultiHeadLatentAttention(8, 8, 2);
   auto delta_net = attention::GatedDeltaNet(8, 8, 2);
+  auto sparse = attention::DeepSeekSparseAttention(
+      attention::DeepSeekSparseAttentionOptions(8, 8, 2).index_head_dim(4).topk(3));
   auto rand = [](std::vector<int64_t> shape) { return torch::rand(shape); };
   auto dq = torch::rand({2, 2, 5, 4}), dv = torch::rand({2, 2, 5, 3}),
        dlog = -torch::rand({2, 2, 5}), dbeta = torch::rand({2, 2, 5});
@@ -722,6 +724,127 @@ std::vector<BadInput> cases() {
          attention::RMSNorm(4)(torch::rand({2, 4}, torch::kDouble));
        },
        Kind::Type, "attention::RMSNorm: expected input of the weight's dtype Float, got Double"},
+      // sparse_attention, LightningIndexer, DeepSeekSparseAttention and SparseAttentionCache
+      {"sparse_attention: an index past the keys",
+       [=] {
+         F::sparse_attention(q, k, v, torch::full({2, 5, 3}, 6, torch::kLong));
+       },
+       Kind::Value,
+       "attention::functional::sparse_attention: expected indices in [-1, 6) (-1 for none; S = 6 "
+       "keys), got values from 6 to 6"},
+      {"sparse_attention: an index below -1",
+       [=] {
+         F::sparse_attention(q, k, v, torch::full({2, 5, 3}, -2, torch::kLong));
+       },
+       Kind::Value, "got values from -2 to -2"},
+      {"sparse_attention: INT64_MAX index",
+       [=] {
+         F::sparse_attention(
+             q, k, v, torch::full({2, 5, 1}, std::numeric_limits<int64_t>::max(), torch::kLong));
+       },
+       Kind::Value, "got values from 9223372036854775807 to 9223372036854775807"},
+      {"sparse_attention: indices of other tokens",
+       [=] {
+         F::sparse_attention(q, k, v, torch::zeros({2, 4, 3}, torch::kLong));
+       },
+       Kind::Value,
+       "attention::functional::sparse_attention: expected indices of shape (2, 5, K), got (2, 4, "
+       "3)"},
+      {"sparse_attention: float indices",
+       [=] {
+         F::sparse_attention(q, k, v, torch::zeros({2, 5, 3}));
+       },
+       Kind::Type,
+       "attention::functional::sparse_attention: expected Long or Int indices, got Float"},
+      {"sparse_attention: heads that do not group",
+       [=] {
+         F::sparse_attention(q, torch::rand({2, 3, 6, 4}), torch::rand({2, 3, 6, 3}),
+                             torch::zeros({2, 5, 1}, torch::kLong));
+       },
+       Kind::Value,
+       "with H_kv dividing H, got query (2, 2, 5, 4), key (2, 3, 6, 4), value (2, 3, 6, 3)"},
+      {"sparse_attention: Native",
+       [=] {
+         F::sparse_attention(q, k, v, torch::zeros({2, 5, 1}, torch::kLong),
+                             F::SparseAttentionOptions().backend(F::Backend::Native));
+       },
+       Kind::Value,
+       "attention::functional::sparse_attention: Backend::Native has no sparse attention; use "
+       "Auto, Chunked or Math"},
+      {"sparse_attention: Chunked with dropout",
+       [=] {
+         F::sparse_attention(
+             q, k, v, torch::zeros({2, 5, 1}, torch::kLong),
+             F::SparseAttentionOptions().backend(F::Backend::Chunked).dropout_p(0.5));
+       },
+       Kind::Value,
+       "attention::functional::sparse_attention: Backend::Chunked runs on the CPU without dropout; "
+       "use Auto or Math"},
+      {"sparse_attention: scale NaN",
+       [=] {
+         F::sparse_attention(q, k, v, torch::zeros({2, 5, 1}, torch::kLong),
+                             F::SparseAttentionOptions().scale(NAN));
+       },
+       Kind::Value, "attention::functional::sparse_attention: expected a finite scale, got nan"},
+      {"sparse_attention: indices on another device",
+       [=] {
+         F::sparse_attention(
+             q, k, v,
+             torch::zeros({2, 5, 1},
+                          torch::TensorOptions().dtype(torch::kLong).device(torch::kMeta)));
+       },
+       Kind::Other, "expected query, key, value and indices on one device, got cpu and meta"},
+      {"LightningIndexer: topk 0",
+       [] {
+         attention::LightningIndexer indexer(
+             attention::LightningIndexerOptions(8).index_head_dim(4));
+         const auto x = torch::rand({1, 3, 8});
+         indexer(x, indexer->keys(x), 0);
+       },
+       Kind::Value, "attention::LightningIndexer: expected topk >= 1, got 0"},
+      {"LightningIndexer: fewer keys than queries",
+       [] {
+         attention::LightningIndexer indexer(
+             attention::LightningIndexerOptions(8).index_head_dim(4));
+         indexer(torch::rand({1, 3, 8}), torch::rand({1, 2, 4}), 2);
+       },
+       Kind::Value,
+       "attention::LightningIndexer: expected index_keys (1, S >= 3, 4) for x (1, 3, 8), got (1, "
+       "2, 4)"},
+      {"LightningIndexer: index_n_heads 0",
+       [] { attention::LightningIndexer(attention::LightningIndexerOptions(8).index_n_heads(0)); },
+       Kind::Value, "attention::LightningIndexer: expected index_n_heads > 0, got 0"},
+      {"DeepSeekSparseAttention: topk 0",
+       [] {
+         attention::DeepSeekSparseAttention(
+             attention::DeepSeekSparseAttentionOptions(8, 8, 2).topk(0));
+       },
+       Kind::Value, "attention::DeepSeekSparseAttention: expected topk > 0, got 0"},
+      {"DeepSeekSparseAttention: index_head_dim INT64_MAX",
+       [] {
+         attention::DeepSeekSparseAttention(
+             attention::DeepSeekSparseAttentionOptions(8, 8, 2).index_head_dim(
+                 std::numeric_limits<int64_t>::max()));
+       },
+       Kind::Value,
+       "attention::LightningIndexer: index_n_heads x index_head_dim = 4 x 9223372036854775807 "
+       "overflows int64"},
+      {"DeepSeekSparseAttention: feature size", fwd(sparse, torch::rand({2, 6, 3})), Kind::Value,
+       "attention::DeepSeekSparseAttention: expected x (T, 8) or (B, T, 8), got (2, 6, 3)"},
+      {"DeepSeekSparseAttention: dtype", fwd(sparse, torch::rand({6, 8}, torch::kDouble)),
+       Kind::Type,
+       "attention::DeepSeekSparseAttention: expected x of dtype Float (the parameters' dtype), got "
+       "Double"},
+      {"SparseAttentionCache: index keys of other tokens",
+       [] {
+         attention::SparseAttentionCache(4).append(
+             torch::rand({1, 2, 2, 3}), torch::rand({1, 2, 2, 3}), torch::rand({1, 1, 5}));
+       },
+       Kind::Value,
+       "attention::SparseAttentionCache: expected keys (B, H, T, head_dim) and index keys (B, T, "
+       "index_head_dim) of one B and T, got (1, 2, 2, 3) and (1, 1, 5)"},
+      {"SparseAttentionCache: max_length 0", [] { attention::SparseAttentionCache(0); },
+       Kind::Value, "attention::KVCache: expected max_length > 0, got 0"},
       // conversions
       {"to_torch: grouped heads",
        [] {
@@ -993,6 +1116,10 @@ TEST_CASE("bad input: an empty sequence (T = 0) gives an empty output from every
   CHECK(delta_net(empty, &state).sizes() == torch::IntArrayRef({2, 0, 4}));
   CHECK(state.length() == 0);
   CHECK(state.state().abs().max().item<float>() == 0.0f);
+  attention::SparseAttentionCache sparse_cache(4);
+  CHECK(attention::DeepSeekSparseAttention(3, 4, 2)(empty, &sparse_cache).sizes() ==
+        torch::IntArrayRef({2, 0, 4}));
+  CHECK(sparse_cache.length() == 0);
 }
 
 TEST_CASE("bad input: NaN and Inf propagate through every module without a crash", "[errors]") {
@@ -1005,7 +1132,8 @@ TEST_CASE("bad input: NaN and Inf propagate through every module without a crash
       attention::MultiHeadAttentionWrapper(3, 2, 4, 2)(x),
       attention::CrossAttention(3, 2, 4)(x, x),
       attention::MultiHeadAttention(MultiHeadAttentionOptions(3, 4, 2).causal(false))(x).output,
-      attention::GatedDeltaNet(3, 4, 2)(x)};
+      attention::GatedDeltaNet(3, 4, 2)(x),
+      attention::DeepSeekSparseAttention(3, 4, 2)(x)};
   for (const auto& out : outputs) {
     CHECK_FALSE(torch::isfinite(out[0]).all().item<bool>());
     CHECK_FALSE(torch::isfinite(out[1]).all().item<bool>());

@@ -7,6 +7,7 @@
 #include <attention/causal_self_attention.h>
 #include <attention/conversions.h>
 #include <attention/cross_attention.h>
+#include <attention/deepseek_sparse_attention.h>
 #include <attention/format.h>
 #include <attention/functional.h>
 #include <attention/gated_delta_net.h>
@@ -14,6 +15,7 @@
 #include <attention/heatmap.h>
 #include <attention/kv_cache.h>
 #include <attention/latent_cache.h>
+#include <attention/lightning_indexer.h>
 #include <attention/multi_head_attention.h>
 #include <attention/multi_head_attention_wrapper.h>
 #include <attention/multi_head_latent_attention.h>
@@ -25,6 +27,8 @@
 #include <attention/score_mod.h>
 #include <attention/self_attention.h>
 #include <attention/sliding_kv_cache.h>
+#include <attention/sparse_attention.h>
+#include <attention/sparse_attention_cache.h>
 #include <attention/version.h>
 #include <attention/weights.h>
 #include <attention/workspace.h>

@@ -416,6 +416,26 @@ Module make_gated_delta_net(const Case& c) {
   });
 }
 
+// The book's MultiHeadAttentionWithDSA; forward["decode"]: chunk sizes fed through a
+// SparseAttentionCache, whose outputs joined must equal Python's one forward.
+Module make_deepseek_sparse_attention(const Case& c) {
+  const auto& a = c.args;
+  attention::DeepSeekSparseAttentionOptions options(a.at("d_in"), a.at("d_out"), a.at("num_heads"));
+  options.qkv_bias(a.at("qkv_bias")).dropout(a.at("dropout")).backend(backend_of(c.forward));
+  options.index_n_heads(a.at("index_n_heads")).index_head_dim(a.at("index_head_dim"));
+  options.topk(a.at("topk"));
+  const auto decode = c.forward.value("decode", std::vector<int64_t>{});
+  return wrap(
+      attention::DeepSeekSparseAttention(options),
+      [decode](attention::DeepSeekSparseAttention& m, const Module::Inputs& in) {
+        const auto& x = in.at("x");
+        if (decode.empty()) return Output{m(x), {}};
+        attention::SparseAttentionCache cache(x.size(1));
+        return Output{
+            in_chunks(x, decode, [&](const torch::Tensor& chunk) { return m(chunk, &cache); }), {}};
+      });
+}
+
 }  // namespace
 
 Module make_module(const Case& c) {
@@ -454,6 +474,8 @@ Module make_module(const Case& c) {
     m = make_kv_sharing_stack(c);
   } else if (c.module == "GatedDeltaNet") {
     m = make_gated_delta_net(c);
+  } else if (c.module == "MultiHeadAttentionWithDSA") {
+    m = make_deepseek_sparse_attention(c);
   } else {
     TORCH_CHECK(false, "golden: case ", c.name, " names an unknown module ", c.module);
   }
