@@ -134,11 +134,11 @@ TEST_CASE("LightningIndexer: the top k of its scores, the earlier token first am
 TEST_CASE("LightningIndexer: scored a block of queries at a time, the choice is the same",
           "[dsa]") {
   torch::manual_seed(15);
-  // One index head over 4200 keys: forward() scores 3994 queries per block, so two blocks.
+  // 700 queries: forward() scores them in blocks of at most 256.
   attention::LightningIndexer indexer(
       attention::LightningIndexerOptions(4).index_n_heads(1).index_head_dim(2));
   torch::NoGradGuard no_grad;
-  const auto x = torch::randn({1, 4200, 4});
+  const auto x = torch::randn({1, 700, 4});
   const auto keys = indexer->keys(x);
   const auto chosen = indexer(x, keys, 7);
   const auto scores = indexer->scores(x, keys);

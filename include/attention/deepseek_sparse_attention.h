@@ -101,8 +101,12 @@ class ATTENTION_API DeepSeekSparseAttentionImpl
 
   /// The options the module was built with.
   DeepSeekSparseAttentionOptions options;
-  /// Query, key and value projections, d_in -> d_out.
-  torch::nn::Linear W_query{nullptr}, W_key{nullptr}, W_value{nullptr};
+  /// Query projection, d_in -> d_out.
+  torch::nn::Linear W_query{nullptr};
+  /// Key projection, d_in -> d_out.
+  torch::nn::Linear W_key{nullptr};
+  /// Value projection, d_in -> d_out.
+  torch::nn::Linear W_value{nullptr};
   /// Output projection, d_out -> d_out.
   torch::nn::Linear out_proj{nullptr};
   /// The lightning indexer that picks each query's keys.

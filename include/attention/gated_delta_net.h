@@ -44,9 +44,10 @@ struct GatedDeltaNetOptions {
 ///
 /// Example:
 /// \code
+/// attention::GatedDeltaNet net(64, 64, 4);
 /// attention::GatedDeltaNetState state;
-/// torch::Tensor y = net(prompt, &state);  // state.state(): (B, H, head_dim, head_dim)
-/// y = net(next_token, &state);             // goes on from the prompt
+/// torch::Tensor y = net(torch::randn({1, 10, 64}), &state);  // state.state(): (1, 4, 16, 16)
+/// y = net(torch::randn({1, 1, 64}), &state);                  // goes on from token 10
 /// \endcode
 class GatedDeltaNetState {
  public:
@@ -124,8 +125,12 @@ class ATTENTION_API GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNe
 
   /// The options the module was built with.
   GatedDeltaNetOptions options;
-  /// Query, key and value projections, d_in -> d_out.
-  torch::nn::Linear W_query{nullptr}, W_key{nullptr}, W_value{nullptr};
+  /// Query projection, d_in -> d_out.
+  torch::nn::Linear W_query{nullptr};
+  /// Key projection, d_in -> d_out.
+  torch::nn::Linear W_key{nullptr};
+  /// Value projection, d_in -> d_out.
+  torch::nn::Linear W_value{nullptr};
   /// Output gate, d_in -> d_out (SiLU).
   torch::nn::Linear W_gate{nullptr};
   /// Update gate, d_in -> d_out (sigmoid).

@@ -81,10 +81,13 @@ class ATTENTION_API LightningIndexerImpl : public torch::nn::Cloneable<Lightning
   torch::nn::Linear W_weights{nullptr};
 
  private:
-  /// Scores of queries [t0, t1) of x against the keys they may see; (B, t1 - t0, offset + t1).
+  /// Scores of queries [t0, t1) against the keys they may see, (B, t1 - t0, offset + t1), from
+  /// the index queries (B, T, heads, index_head_dim) and head weights (B, T, heads).
+  /// Keys after each query are not masked. With `buffers` (two CPU tensors of the call), the
+  /// scores are made in them.
   torch::Tensor block_scores(const torch::Tensor& queries, const torch::Tensor& weights,
                              const torch::Tensor& index_keys, int64_t offset, int64_t t0,
-                             int64_t t1);
+                             int64_t t1, torch::Tensor* buffers);
   /// Checks x and index_keys; returns the offset of x's first token among the keys.
   int64_t check_inputs(const torch::Tensor& x, const torch::Tensor& index_keys) const;
 };

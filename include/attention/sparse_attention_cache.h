@@ -30,7 +30,12 @@ class ATTENTION_API SparseAttentionCache {
 
   /// What append() returns: every cached token's keys, values and index keys.
   struct Cached {
-    torch::Tensor keys, values, index_keys;
+    /// Keys, (B, H, length(), head_dim).
+    torch::Tensor keys;
+    /// Values, (B, H, length(), head_dim).
+    torch::Tensor values;
+    /// Index keys, (B, length(), index_head_dim).
+    torch::Tensor index_keys;
   };
 
   /// Appends T_new tokens: keys and values (B, H, T_new, head_dim) as KVCache::append takes

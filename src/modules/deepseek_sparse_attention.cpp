@@ -4,8 +4,6 @@
 
 #include <torch/torch.h>
 
-#include <utility>
-
 namespace attention {
 
 namespace {
@@ -20,17 +18,9 @@ DeepSeekSparseAttentionImpl::DeepSeekSparseAttentionImpl(
 
 void DeepSeekSparseAttentionImpl::reset() {
   const auto& o = options;
-  for (const auto& [value, name] : {std::pair{o.d_in(), "d_in"},
-                                    {o.d_out(), "d_out"},
-                                    {o.num_heads(), "num_heads"},
-                                    {o.topk(), "topk"}}) {
-    detail::check_positive(value, name, kDeepSeekSparseAttentionName);
-  }
-  TORCH_CHECK_VALUE(o.d_out() % o.num_heads() == 0, kDeepSeekSparseAttentionName,
-                    ": expected num_heads to divide d_out, got d_out ", o.d_out(),
-                    " and num_heads ", o.num_heads());
-  TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, kDeepSeekSparseAttentionName,
-                    ": expected dropout in [0, 1), got ", o.dropout());
+  detail::check_head_sizes(o.d_in(), o.d_out(), o.num_heads(), o.dropout(),
+                           kDeepSeekSparseAttentionName);
+  detail::check_positive(o.topk(), "topk", kDeepSeekSparseAttentionName);
   using torch::nn::Linear;
   using torch::nn::LinearOptions;
   const auto projection = [&](int64_t from, int64_t to) {

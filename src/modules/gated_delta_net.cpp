@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <utility>
 
 namespace attention {
 
@@ -26,15 +25,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const GatedDeltaNetOptions& options_) : opt
 
 void GatedDeltaNetImpl::reset() {
   const auto& o = options;
-  for (const auto& [value, name] :
-       {std::pair{o.d_in(), "d_in"}, {o.d_out(), "d_out"}, {o.num_heads(), "num_heads"}}) {
-    detail::check_positive(value, name, kGatedDeltaNetName);
-  }
-  TORCH_CHECK_VALUE(o.d_out() % o.num_heads() == 0, kGatedDeltaNetName,
-                    ": expected num_heads to divide d_out, got d_out ", o.d_out(),
-                    " and num_heads ", o.num_heads());
-  TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, kGatedDeltaNetName,
-                    ": expected dropout in [0, 1), got ", o.dropout());
+  detail::check_head_sizes(o.d_in(), o.d_out(), o.num_heads(), o.dropout(), kGatedDeltaNetName);
   using torch::nn::Linear;
   using torch::nn::LinearOptions;
   const auto linear = [](int64_t from, int64_t to, bool bias) {

@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <utility>
 
 namespace attention {
 
@@ -21,17 +20,9 @@ MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(
 
 void MultiHeadLatentAttentionImpl::reset() {
   const auto& o = options;
-  for (const auto& [value, name] : {std::pair{o.d_in(), "d_in"},
-                                    {o.d_out(), "d_out"},
-                                    {o.num_heads(), "num_heads"},
-                                    {o.latent_dim(), "latent_dim"}}) {
-    detail::check_positive(value, name, kMultiHeadLatentAttentionName);
-  }
-  TORCH_CHECK_VALUE(o.d_out() % o.num_heads() == 0, kMultiHeadLatentAttentionName,
-                    ": expected num_heads to divide d_out, got d_out ", o.d_out(),
-                    " and num_heads ", o.num_heads());
-  TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, kMultiHeadLatentAttentionName,
-                    ": expected dropout in [0, 1), got ", o.dropout());
+  detail::check_head_sizes(o.d_in(), o.d_out(), o.num_heads(), o.dropout(),
+                           kMultiHeadLatentAttentionName);
+  detail::check_positive(o.latent_dim(), "latent_dim", kMultiHeadLatentAttentionName);
   using torch::nn::Linear;
   using torch::nn::LinearOptions;
   const auto projection = [&](int64_t from, int64_t to) {

@@ -28,6 +28,18 @@ void check_positive(int64_t value, const char* name, const char* module) {
   TORCH_CHECK_VALUE(value > 0, module, ": expected ", name, " > 0, got ", value);
 }
 
+void check_head_sizes(int64_t d_in, int64_t d_out, int64_t num_heads, double dropout,
+                      const char* module) {
+  check_positive(d_in, "d_in", module);
+  check_positive(d_out, "d_out", module);
+  check_positive(num_heads, "num_heads", module);
+  TORCH_CHECK_VALUE(d_out % num_heads == 0, module,
+                    ": expected num_heads to divide d_out, got d_out ", d_out, " and num_heads ",
+                    num_heads);
+  TORCH_CHECK_VALUE(dropout >= 0.0 && dropout < 1.0, module, ": expected dropout in [0, 1), got ",
+                    dropout);
+}
+
 QKVWeights register_qkv(torch::nn::Module& module, int64_t d_in, int64_t d_in_kv, int64_t d_out_kq,
                         int64_t d_out_v, const char* name) {
   check_positive(d_in, "d_in", name);

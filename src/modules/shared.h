@@ -25,6 +25,11 @@ void check_same_batch(const torch::Tensor& a, const torch::Tensor& b, const char
 /// Checks that a constructor argument is positive.
 void check_positive(int64_t value, const char* name, const char* module);
 
+/// The sizes every multi-head module of the book's chapter 4 is built from: d_in, d_out and
+/// num_heads positive, num_heads dividing d_out, dropout in [0, 1).
+void check_head_sizes(int64_t d_in, int64_t d_out, int64_t num_heads, double dropout,
+                      const char* module);
+
 /// A cache's append: keys and values of one shape (B, Hkv, T, head_dim), floating, of one dtype
 /// and device, and, once the cache holds tokens (`cached` defined), like those.
 void check_cache_append(const torch::Tensor& keys, const torch::Tensor& values,

@@ -31,6 +31,8 @@
 //           deltanet           (Gated DeltaNet's delta rule at T = 4096 and 16384, fused against
 //                               the recurrence in ops and against causal softmax attention, and
 //                               a decoding step at both positions)
+//           dsa:T              (DeepSeek sparse attention over T tokens with top-k 512 and 2048:
+//                               the indexer and the top-k attention against causal attention)
 
 #include <attention/attention.h>
 
@@ -1128,6 +1130,53 @@ void bench_deltanet() {
         p, net_ms, state.bytes_per_sequence(), mha_ms, 2 * h * d * 4 * p));
   }
 }
+
+// DeepSeek sparse attention over T tokens (B = 1, H = 8, head_dim 64, float32; the book's indexer
+// of 4 heads of 64 on a 512-feature input) with top-k 512 and 2048: the lightning indexer's
+// choice and the top-k attention over the chosen keys, each timed, against causal attention over
+// all keys (Chunked), with the ratio of their arithmetic: sum over queries of min(k, t + 1)
+// selected keys against t + 1 causal ones.
+void bench_dsa(int64_t t) {
+  torch::NoGradGuard no_grad;
+  const int64_t h = 8, d = 64, model = 512;
+  std::vector<int64_t> topks = {512, 2048};
+  if (settings.quick) topks = {t / 16, t / 4};
+  const int repeats = t > 8192 ? 1 : settings.repeats;
+  torch::manual_seed(0);
+  const auto q = torch::randn({1, h, t, d}), k = torch::randn({1, h, t, d}),
+             v = torch::randn({1, h, t, d});
+  const auto x = torch::randn({1, t, model});
+  attention::LightningIndexer indexer{attention::LightningIndexerOptions(model)};
+  const auto index_keys = indexer->keys(x);
+  const double causal_ms = median_ms(
+      [&] {
+        F::scaled_dot_product_attention(
+            q, k, v,
+            F::ScaledDotProductAttentionOptions().is_causal(true).backend(Backend::Chunked));
+      },
+      repeats);
+  const double causal_keys = 0.5 * static_cast<double>(t) * static_cast<double>(t + 1);
+  record("dsa", "cpp.core.chunked.causal", "forward", t, causal_ms,
+         4.0 * h * causal_keys * d / 1e9);
+  for (const int64_t topk : topks) {
+    torch::Tensor chosen;
+    const double index_ms = median_ms([&] { chosen = indexer(x, index_keys, topk); }, repeats);
+    const double sparse_ms = median_ms([&] { F::sparse_attention(q, k, v, chosen); }, repeats);
+    double selected = 0;
+    for (int64_t i = 0; i < t; ++i) selected += static_cast<double>(std::min(topk, i + 1));
+    const double index_gflop = 2.0 * 4 * 64 * causal_keys / 1e9;
+    record("dsa", fmt::format("cpp.dsa.indexer.top{}", topk), "forward", t, index_ms, index_gflop);
+    record("dsa", fmt::format("cpp.dsa.sparse_attention.top{}", topk), "forward", t, sparse_ms,
+           4.0 * h * selected * d / 1e9);
+    progress(fmt::format(
+        "dsa {} top-{}: indexer {:.1f} ms, top-k attention {:.1f} ms, together {:.1f} ms; causal "
+        "attention {:.1f} ms. Attention time ratio {:.3f} against the arithmetic's {:.3f} "
+        "(x{:.2f}); with the indexer {:.3f}",
+        t, topk, index_ms, sparse_ms, index_ms + sparse_ms, causal_ms, sparse_ms / causal_ms,
+        selected / causal_keys, (sparse_ms / causal_ms) / (selected / causal_keys),
+        (index_ms + sparse_ms) / causal_ms));
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1147,7 +1196,7 @@ int main(int argc, char** argv) {
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
           "        read-rate paged-decode paged-prefill block-mask:T block-attention:T\n"
-          "        mla-decode deltanet\n");
+          "        mla-decode deltanet dsa:T\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -1189,6 +1238,8 @@ int main(int argc, char** argv) {
       bench_mla_decode();
     } else if (g == "deltanet") {
       bench_deltanet();
+    } else if (g.rfind("dsa:", 0) == 0) {
+      bench_dsa(std::stoll(g.substr(4)));
     } else if (g == "paged-prefill") {
       bench_paged_prefill();
     } else if (g.rfind("block-mask:", 0) == 0) {

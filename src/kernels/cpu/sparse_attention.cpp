@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/sparse_attention.h"
 
+#include "kernels/cpu/exp.h"
 #include "platform/compiler.h"
 
 #include <ATen/Parallel.h>
@@ -43,6 +44,17 @@ ATTENTION_ALWAYS_INLINE void axpy(T alpha, const T* x, T* y, int64_t n) {
   for (int64_t c = 0; c < n; ++c) y[c] += alpha * x[c];
 }
 
+// Selected keys lie anywhere in the head's keys, where no hardware prefetcher looks: the row
+// `kAhead` selections on is asked for while this one is computed (each row is a few cache lines).
+constexpr int64_t kAhead = 4;
+
+template <typename T>
+ATTENTION_ALWAYS_INLINE void prefetch_row(const T* row, int64_t n) {
+  for (int64_t c = 0; c < n; c += 64 / static_cast<int64_t>(sizeof(T))) {
+    __builtin_prefetch(row + c);
+  }
+}
+
 // The pointers of one call.
 template <typename T>
 struct Operands {
@@ -55,23 +67,34 @@ struct Operands {
 template <typename T>
 ATTENTION_ALWAYS_INLINE T forward_row(const Sizes& z, const T* q, const T* keys, const T* values,
                                       const int64_t* idx, T scale, T* s, int64_t* at, T* out) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
   int64_t n = 0;
-  T max = -std::numeric_limits<T>::infinity();
+  T max = -kInf;
+  bool nan = false;
   for (int64_t j = 0; j < z.k; ++j) {
+    if (j + kAhead < z.k && idx[j + kAhead] >= 0) prefetch_row(keys + idx[j + kAhead] * z.d, z.d);
     if (idx[j] < 0) continue;
     at[n] = idx[j];
     s[n] = scale * dot(q, keys + idx[j] * z.d, z.d);
+    nan |= s[n] != s[n];
     max = std::max(max, s[n]);
     ++n;
   }
-  std::fill(out, out + z.dv, T(0));
-  if (n == 0) return -std::numeric_limits<T>::infinity();
+  // A NaN score, or a +inf one, leaves the softmax undefined: NaN, as the whole-row softmax.
+  const T fill = nan || max == kInf ? std::numeric_limits<T>::quiet_NaN() : T(0);
+  std::fill(out, out + z.dv, fill);
+  if (n == 0) return -kInf;
+  if (fill != T(0)) return fill;
   T sum = 0;
+#pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
-    s[j] = std::exp(s[j] - max);
+    s[j] = exp_nonpositive(s[j] - max);
     sum += s[j];
   }
-  for (int64_t j = 0; j < n; ++j) axpy(s[j] / sum, values + at[j] * z.dv, out, z.dv);
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) prefetch_row(values + at[j + kAhead] * z.dv, z.dv);
+    axpy(s[j] / sum, values + at[j] * z.dv, out, z.dv);
+  }
   return max + std::log(sum);
 }
 
@@ -116,10 +139,10 @@ struct Gradients {
 };
 
 // The query heads of one key/value head, every token: dq of their rows, and their additions to
-// the head's dk and dv.
+// the head's dk and dv. `p` and `at` hold a row's probabilities and key positions.
 template <typename T>
 ATTENTION_ALWAYS_INLINE void backward_kv_head(const Sizes& z, int64_t bkv, const Operands<T>& in,
-                                              T scale, const Gradients<T>& g) {
+                                              T scale, const Gradients<T>& g, T* p, int64_t* at) {
   const int64_t b = bkv / z.hkv, kv = bkv % z.hkv, group = z.h / z.hkv;
   const T* keys = in.k + bkv * z.s * z.d;
   const T* values = in.v + bkv * z.s * z.dv;
@@ -137,15 +160,23 @@ ATTENTION_ALWAYS_INLINE void backward_kv_head(const Sizes& z, int64_t bkv, const
       if (l == -std::numeric_limits<T>::infinity()) continue;  // no key: no gradient
       const T delta = dot(gy, g.out + row * z.dv, z.dv);
       const int64_t* idx = in.indices + (b * z.t + t) * z.k;
+      int64_t n = 0;
       for (int64_t j = 0; j < z.k; ++j) {
         if (idx[j] < 0) continue;
-        const T* key = keys + idx[j] * z.d;
-        const T* value = values + idx[j] * z.dv;
-        const T p = std::exp(scale * dot(q, key, z.d) - l);
-        const T ds = p * (dot(gy, value, z.dv) - delta) * scale;
+        at[n] = idx[j];
+        p[n] = scale * dot(q, keys + idx[j] * z.d, z.d) - l;
+        ++n;
+      }
+      // A row whose forward was NaN passes NaN on, to q and to every key and value it read.
+      const bool nan = l != l;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) p[j] = nan ? l : exp_nonpositive(p[j]);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* key = keys + at[j] * z.d;
+        const T ds = p[j] * (dot(gy, values + at[j] * z.dv, z.dv) - delta) * scale;
         axpy(ds, key, dq, z.d);
-        axpy(ds, q, dk + idx[j] * z.d, z.d);
-        axpy(p, gy, dv + idx[j] * z.dv, z.dv);
+        axpy(ds, q, dk + at[j] * z.d, z.d);
+        axpy(p[j], gy, dv + at[j] * z.dv, z.dv);
       }
     }
   }
@@ -153,21 +184,22 @@ ATTENTION_ALWAYS_INLINE void backward_kv_head(const Sizes& z, int64_t bkv, const
 
 ATTENTION_MULTIVERSION void backward_kv_head_f32(const Sizes& z, int64_t bkv,
                                                  const Operands<float>& in, float scale,
-                                                 const Gradients<float>& g) {
-  backward_kv_head(z, bkv, in, scale, g);
+                                                 const Gradients<float>& g, float* p, int64_t* at) {
+  backward_kv_head(z, bkv, in, scale, g, p, at);
 }
 ATTENTION_MULTIVERSION void backward_kv_head_f64(const Sizes& z, int64_t bkv,
                                                  const Operands<double>& in, double scale,
-                                                 const Gradients<double>& g) {
-  backward_kv_head(z, bkv, in, scale, g);
+                                                 const Gradients<double>& g, double* p,
+                                                 int64_t* at) {
+  backward_kv_head(z, bkv, in, scale, g, p, at);
 }
 void backward_kv_head_any(const Sizes& z, int64_t bkv, const Operands<float>& in, float scale,
-                          const Gradients<float>& g) {
-  backward_kv_head_f32(z, bkv, in, scale, g);
+                          const Gradients<float>& g, float* p, int64_t* at) {
+  backward_kv_head_f32(z, bkv, in, scale, g, p, at);
 }
 void backward_kv_head_any(const Sizes& z, int64_t bkv, const Operands<double>& in, double scale,
-                          const Gradients<double>& g) {
-  backward_kv_head_f64(z, bkv, in, scale, g);
+                          const Gradients<double>& g, double* p, int64_t* at) {
+  backward_kv_head_f64(z, bkv, in, scale, g, p, at);
 }
 
 }  // namespace
@@ -209,8 +241,10 @@ SparseAttentionGradients sparse_attention_backward(const torch::Tensor& grad_out
                                   lse.data_ptr<scalar_t>(), g.q.data_ptr<scalar_t>(),
                                   g.k.data_ptr<scalar_t>(), g.v.data_ptr<scalar_t>()};
     at::parallel_for(0, z.b * z.hkv, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> p(z.k);
+      std::vector<int64_t> at(z.k);
       for (int64_t bkv = begin; bkv < end; ++bkv) {
-        backward_kv_head_any(z, bkv, in, static_cast<scalar_t>(scale), out);
+        backward_kv_head_any(z, bkv, in, static_cast<scalar_t>(scale), out, p.data(), at.data());
       }
     });
   });
