@@ -539,17 +539,23 @@ def gated_cases(cases, add):
           path="chunked_fused")
 
 
+def own_kernel_case(cases, add, names, first_seed, name, module, args, shape, dtype, **kw):
+    """A case of a module with a fused CPU kernel of its own: forward["backend"] "chunked" unless
+    given, the path that backend takes, and the next seed of the module's own series."""
+    backend = kw.setdefault("forward", {}).setdefault("backend", "chunked")
+    kw.setdefault("path", "chunked_fused" if backend != "math" else "math")
+    add(name, module, args, [shape], dtype, **kw)
+    cases[-1]["seed"] = first_seed + len(names)
+    names.append(name)
+
+
 def deltanet_cases(cases, add):
     """The book's GatedDeltaNet: forward and backward of its token-by-token loop against the C++
     module on the fused kernel ("chunked") and on the recurrence in ops ("math"), and decoding
     through a GatedDeltaNetState (forward["decode"]). Seeds of their own."""
     def net(name, d_in, d_out, heads, shape, dtype="float32", qkv_bias=False, **kw):
         args = dict(d_in=d_in, d_out=d_out, dropout=0.0, num_heads=heads, qkv_bias=qkv_bias)
-        backend = kw.setdefault("forward", {}).setdefault("backend", "chunked")
-        kw.setdefault("path", "chunked_fused" if backend != "math" else "math")
-        add(name, "GatedDeltaNet", args, [shape], dtype, **kw)
-        cases[-1]["seed"] = 4700 + len(names)
-        names.append(name)
+        own_kernel_case(cases, add, names, 4700, name, "GatedDeltaNet", args, shape, dtype, **kw)
 
     names = []
     for dtype in ("float32", "float64"):
@@ -577,11 +583,8 @@ def dsa_cases(cases, add):
             index_dim=4, topk=3, **kw):
         args = dict(d_in=d_in, d_out=d_out, dropout=0.0, num_heads=heads, qkv_bias=qkv_bias,
                     index_n_heads=index_heads, index_head_dim=index_dim, topk=topk)
-        backend = kw.setdefault("forward", {}).setdefault("backend", "chunked")
-        kw.setdefault("path", "chunked_fused" if backend != "math" else "math")
-        add(name, "MultiHeadAttentionWithDSA", args, [shape], dtype, **kw)
-        cases[-1]["seed"] = 4800 + len(names)
-        names.append(name)
+        own_kernel_case(cases, add, names, 4800, name, "MultiHeadAttentionWithDSA", args, shape,
+                        dtype, **kw)
 
     names = []
     for dtype in ("float32", "float64"):

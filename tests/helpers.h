@@ -87,6 +87,20 @@ void add_option(attention::functional::ScaledDotProductAttentionOptions& o, int 
 }
 
 // Copies of a module's parameters, to check later that something left them as they were.
+/// x fed to `step` in chunks of the sizes `chunks` along `dim`, the outputs joined along it: a
+/// module decoding through a cache or state, which must equal one call over x.
+template <typename Step>
+torch::Tensor in_chunks(const torch::Tensor& x, const std::vector<int64_t>& chunks, Step step,
+                        int64_t dim = 1) {
+  std::vector<torch::Tensor> outputs;
+  int64_t start = 0;
+  for (const int64_t n : chunks) {
+    outputs.push_back(step(x.narrow(dim, start, n)));
+    start += n;
+  }
+  return torch::cat(outputs, dim);
+}
+
 inline std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
   for (const auto& p : m.parameters()) out.push_back(p.detach().clone());

@@ -131,6 +131,26 @@ TEST_CASE("LightningIndexer: the top k of its scores, the earlier token first am
   CHECK(torch::equal(tied[0][10], torch::tensor({0, 1, 2})));
 }
 
+TEST_CASE("LightningIndexer: in bfloat16, chosen in LibTorch ops, by the same rule", "[dsa]") {
+  torch::manual_seed(18);
+  attention::LightningIndexer indexer(
+      attention::LightningIndexerOptions(8).index_n_heads(2).index_head_dim(4));
+  indexer->to(torch::kBFloat16);
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({2, 20, 8}).to(torch::kBFloat16);
+  const auto keys = indexer->keys(x);
+  const auto chosen = indexer(x, keys, 6);
+  // bfloat16 scores tie often: the stable sort of the scores decides as the indexer must.
+  const auto order = std::get<1>(indexer->scores(x, keys).sort(/*stable=*/true, -1, true));
+  auto expected = std::get<0>(order.narrow(-1, 0, 6).sort(-1));
+  const auto position = torch::arange(20).view({1, 20, 1});
+  expected = expected.masked_fill(expected.gt(position), -1);
+  const auto valid = [](const torch::Tensor& i) {
+    return std::get<0>(i.masked_fill(i.lt(0), 1 << 20).sort(-1));
+  };
+  CHECK(torch::equal(valid(chosen), valid(expected)));
+}
+
 TEST_CASE("LightningIndexer: scored a block of queries at a time, the choice is the same",
           "[dsa]") {
   torch::manual_seed(15);
@@ -166,14 +186,10 @@ TEST_CASE("DeepSeekSparseAttention: decoding through its cache equals one forwar
   for (const auto& chunks :
        std::vector<std::vector<int64_t>>{{33}, std::vector<int64_t>(33, 1), {4, 1, 28}}) {
     SparseAttentionCache cache(33);
-    std::vector<torch::Tensor> outputs;
-    int64_t start = 0;
-    for (const int64_t n : chunks) {
-      outputs.push_back(dsa(x.narrow(1, start, n), &cache));
-      start += n;
-    }
+    const auto decoded =
+        test::in_chunks(x, chunks, [&](const torch::Tensor& part) { return dsa(part, &cache); });
     CHECK(cache.length() == 33);
-    CHECK(max_abs_diff(torch::cat(outputs, 1), whole) < 1e-12);
+    CHECK(max_abs_diff(decoded, whole) < 1e-12);
   }
   // Keys and values of 3 heads of 8 doubles, and an index key of 6.
   SparseAttentionCache cache(40);

@@ -23,14 +23,10 @@ using test::max_abs_diff;
 torch::Tensor decoded(MultiHeadLatentAttention& mla, const torch::Tensor& x,
                       const std::vector<int64_t>& chunks) {
   LatentCache cache(x.size(1));
-  std::vector<torch::Tensor> outputs;
-  int64_t start = 0;
-  for (const int64_t n : chunks) {
-    outputs.push_back(mla(x.narrow(1, start, n), &cache));
-    start += n;
-  }
+  auto out =
+      test::in_chunks(x, chunks, [&](const torch::Tensor& part) { return mla(part, &cache); });
   REQUIRE(cache.length() == x.size(1));
-  return torch::cat(outputs, 1);
+  return out;
 }
 
 }  // namespace

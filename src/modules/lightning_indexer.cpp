@@ -24,13 +24,12 @@ constexpr const char* kLightningIndexerName = "attention::LightningIndexer";
 constexpr int64_t kBlockElements = int64_t{1} << 24;
 constexpr int64_t kMaxBlockQueries = 256;
 
-// The top `topk` columns of each row of `scores` (B, T, S), the earlier column first among equal
+// The top `width` columns of each row of `scores` (B, T, S), the earlier column first among equal
 // scores, as ascending positions; -1 for those after each row's query (at `positions`, (T, 1)),
-// and -1 to fill the rows to `width` >= topk columns.
-torch::Tensor select_top_k(torch::Tensor scores, const torch::Tensor& positions, int64_t topk,
-                           int64_t width) {
+// and -1 to fill rows of fewer than `width` columns.
+torch::Tensor select_top_k(torch::Tensor scores, const torch::Tensor& positions, int64_t width) {
   const int64_t b = scores.size(0), t = scores.size(1), s = scores.size(2);
-  const int64_t k = std::min(topk, s);
+  const int64_t k = std::min(width, s);
   // A NaN score ranks below every other: the selection stays k per row.
   scores = scores.masked_fill(scores.isnan(), -std::numeric_limits<double>::infinity());
   const auto threshold = std::get<0>(scores.topk(k, -1)).narrow(-1, k - 1, 1);
@@ -180,7 +179,7 @@ torch::Tensor LightningIndexerImpl::forward(const torch::Tensor& x, const torch:
       const auto later = torch::arange(seen, positions.options()).unsqueeze(0).gt(positions);
       chosen.narrow(1, t0, rows)
           .copy_(select_top_k(scores.masked_fill(later, -std::numeric_limits<double>::infinity()),
-                              positions, width, width));
+                              positions, width));
     }
   }
   return chosen;
