@@ -2,8 +2,10 @@
 # Installs the library from BUILD_DIR into a temporary prefix, builds the examples against the
 # installed package as a downstream project would, and runs them: examples/load_python_weights on
 # weights that Python saves, examples/gpt on the book's GPT that examples/gpt/train.py trained
-# (models/gpt/), which must generate Python's tokens, and serve 16 requests at once with
-# continuous batching (gpt-serve), each getting the tokens it gets alone; examples/ring_attention
+# (models/gpt/), which must generate Python's tokens, and with each attention of the book's
+# chapter 4 (examples/gpt/chapter4.py writes them seeded), Python's tokens again; gpt-serve serves
+# 16 requests at once with continuous batching, each getting the tokens it gets alone;
+# examples/ring_attention
 # over torchrun on two processes when the library has attention::distributed; and
 # examples/ci_regression, whose CTest checks its C++ block against the cases its Python records
 # with the parity kit. A shared build's libraries must export their API alone.
@@ -57,6 +59,12 @@ check_shared_exports "$work/prefix"
 # CTest checks one test per case that Python recorded.
 (cd "$work/ci_regression" && ctest --output-on-failure)
 "$work/gpt/gpt" "$ROOT/models/gpt"
+# The same GPT with each attention of the book's chapter 4, against Python's generation.
+"$PYTHON" "$ROOT/examples/gpt/chapter4.py" "$work/chapter4" >/dev/null
+for model in "$work"/chapter4/*/; do
+  echo "check_package.sh: gpt with $(basename "$model")"
+  "$work/gpt/gpt" "$model"
+done
 # 16 requests at once over a paged KV cache, each getting the tokens it gets alone.
 "$work/gpt/gpt-serve" "$ROOT/models/gpt"
 # The same from an 8-bit cache: how far its tokens and logits are from the float cache's.

@@ -1,5 +1,7 @@
 """The book's GPT (chapter 4) in Python: the model the C++ example mirrors, its text generation
-without a cache (the book's generate_text_simple) and with a key/value cache."""
+without a cache (the book's generate_text_simple) and with a key/value cache. cfg["attention"]
+(default "mha") gives its blocks one of the attention mechanisms of the book's chapter 4 instead of
+MultiHeadAttention, as the book's bonus sections do (see ATTENTIONS)."""
 
 import os
 import sys
@@ -8,7 +10,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from reference import MultiHeadAttention  # noqa: E402  the book's class
+from reference import (  # noqa: E402  the book's classes
+    GatedDeltaNet, GatedMultiHeadAttention, MultiHeadAttention, MultiHeadAttentionWithDSA,
+    MultiHeadAttentionWithKVSharing, MultiHeadLatentAttention)
 
 
 class LayerNorm(nn.Module):
@@ -40,11 +44,36 @@ class FeedForward(nn.Module):
         return self.layers(x)
 
 
+def make_attention(cfg):
+    """The attention of a block: the book's class that cfg["attention"] names (ATTENTIONS), with
+    the sizes of cfg, the way the book's GPT of each bonus section makes it."""
+    d, heads, drop, bias = cfg["emb_dim"], cfg["n_heads"], cfg["drop_rate"], cfg["qkv_bias"]
+    kind = cfg.get("attention", "mha")
+    if kind == "mha":
+        return MultiHeadAttention(d, d, cfg["context_length"], drop, heads, qkv_bias=bias)
+    if kind == "gated":
+        return GatedMultiHeadAttention(d, d, cfg["context_length"], drop, heads, qkv_bias=bias)
+    if kind == "mla":
+        return MultiHeadLatentAttention(d, d, drop, heads, qkv_bias=bias,
+                                        latent_dim=cfg["latent_dim"])
+    if kind == "deltanet":
+        return GatedDeltaNet(d, d, drop, heads, qkv_bias=bias)
+    if kind == "dsa":
+        return MultiHeadAttentionWithDSA(d, d, drop, heads, qkv_bias=bias,
+                                         index_n_heads=cfg["index_n_heads"],
+                                         index_head_dim=cfg["index_head_dim"], topk=cfg["topk"])
+    if kind == "kv_sharing":
+        return MultiHeadAttentionWithKVSharing(d, d, drop, heads, qkv_bias=bias)
+    raise ValueError(f"unknown attention {kind!r}; expected one of {', '.join(ATTENTIONS)}")
+
+
+ATTENTIONS = ("mha", "gated", "mla", "deltanet", "dsa", "kv_sharing")
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.att = MultiHeadAttention(cfg["emb_dim"], cfg["emb_dim"], cfg["context_length"],
-                                      cfg["drop_rate"], cfg["n_heads"], qkv_bias=cfg["qkv_bias"])
+        self.att = make_attention(cfg)
         self.ff = FeedForward(cfg)
         self.norm1 = LayerNorm(cfg["emb_dim"])
         self.norm2 = LayerNorm(cfg["emb_dim"])
@@ -58,6 +87,14 @@ class TransformerBlock(nn.Module):
         shortcut = x
         return self.drop_shortcut(self.ff(self.norm2(x))) + shortcut
 
+    def forward_sharing(self, x, shared_kv):
+        """The block with cross-layer KV sharing: attends to `shared_kv` (an earlier layer's keys
+        and values) when given, else to its own; returns the output and the keys and values."""
+        shortcut = x
+        out, kv = self.att(self.norm1(x), shared_kv)
+        x = self.drop_shortcut(out) + shortcut
+        return self.drop_shortcut(self.ff(self.norm2(x))) + x, kv
+
 
 class GPTModel(nn.Module):
     def __init__(self, cfg):
@@ -68,6 +105,10 @@ class GPTModel(nn.Module):
         self.trf_blocks = nn.Sequential(*[TransformerBlock(cfg) for _ in range(cfg["n_layers"])])
         self.final_norm = LayerNorm(cfg["emb_dim"])
         self.out_head = nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
+        # With KV sharing the first n_kv_producing_layers blocks make keys and values and every
+        # later block attends to the last producer's (reference.KVSharingStack's rule).
+        self.n_kv_producing_layers = (cfg["n_kv_producing_layers"]
+                                      if cfg.get("attention") == "kv_sharing" else None)
 
     def forward(self, idx, caches=None, start=0, positions=None, visible=None):
         """With caches, `positions` (B, T) and `visible` (B, 1, T, keys) may give each row its own
@@ -75,6 +116,13 @@ class GPTModel(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + idx.shape[1])
         x = self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions))
+        if self.n_kv_producing_layers is not None:
+            shared = None
+            for i, block in enumerate(self.trf_blocks):
+                producing = i < self.n_kv_producing_layers
+                x, kv = block.forward_sharing(x, None if producing else shared)
+                shared = kv if producing else shared
+            return self.out_head(self.final_norm(x))
         for i, block in enumerate(self.trf_blocks):
             x = block(x, None if caches is None else caches[i], visible)
         return self.out_head(self.final_norm(x))
@@ -107,6 +155,18 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
             logits = model(idx[:, -context_size:])[:, -1, :]
         idx = torch.cat([idx, torch.argmax(logits, dim=-1, keepdim=True)], dim=1)
     return idx
+
+
+def generate_simple_with_logits(model, idx, max_new_tokens, context_size):
+    """generate_text_simple, returning the logits of every step as well, (B, new tokens, vocab):
+    the reference for a model whose attention has no cache here."""
+    steps = []
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, -context_size:])[:, -1, :]
+        steps.append(logits)
+        idx = torch.cat([idx, torch.argmax(logits, dim=-1, keepdim=True)], dim=1)
+    return idx, torch.stack(steps, dim=1)
 
 
 def generate_cached(model, idx, max_new_tokens):

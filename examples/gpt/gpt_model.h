@@ -5,15 +5,38 @@
 // tanh GELU feed-forward, `final_norm` and `out_head`, with the book's parameter names, so that
 // `torch.save(model.state_dict(), path)` loads unchanged. Generation runs with one KVCache per
 // block; serving many sequences at once (serving.h) runs packed steps over one PagedKVCache.
+//
+// Config::attention gives the blocks one of the attention mechanisms of the book's chapter 4
+// instead, as its bonus sections do (examples/gpt/gpt.py's make_attention): each decodes through
+// its own cache or state, held by a BlockCache.
 
 #include <attention/attention.h>
 
 #include <torch/torch.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace gpt {
+
+/// The attention of every block: the book's MultiHeadAttention or a mechanism of its chapter 4,
+/// named as gpt.py's cfg["attention"] names them.
+enum class Attention { MultiHead, Gated, Latent, DeltaNet, Sparse, KVSharing };
+
+/// The Attention that `name` ("mha", "gated", "mla", "deltanet", "dsa", "kv_sharing") names.
+inline Attention attention_named(const std::string& name) {
+  const std::pair<const char*, Attention> names[] = {
+      {"mha", Attention::MultiHead}, {"gated", Attention::Gated},
+      {"mla", Attention::Latent},    {"deltanet", Attention::DeltaNet},
+      {"dsa", Attention::Sparse},    {"kv_sharing", Attention::KVSharing}};
+  for (const auto& [known, attention] : names) {
+    if (name == known) return attention;
+  }
+  throw std::invalid_argument("unknown attention '" + name +
+                              "' (expected mha, gated, mla, deltanet, dsa or kv_sharing)");
+}
 
 struct Config {
   int64_t vocab_size = 0;
@@ -23,6 +46,23 @@ struct Config {
   int64_t n_layers = 0;
   double drop_rate = 0.0;
   bool qkv_bias = false;
+  Attention attention = Attention::MultiHead;
+  int64_t latent_dim = 0;             // Latent
+  int64_t index_n_heads = 0;          // Sparse
+  int64_t index_head_dim = 0;         // Sparse
+  int64_t topk = 0;                   // Sparse
+  int64_t n_kv_producing_layers = 0;  // KVSharing: the first blocks make keys and values
+};
+
+/// What one block keeps between decoding steps: the cache or state of its attention's kind (the
+/// others stay empty). A KVSharing block that reads an earlier block's keys keeps nothing.
+struct BlockCache {
+  explicit BlockCache(int64_t max_length)
+      : keys_values(max_length), latent(max_length), sparse(max_length) {}
+  attention::KVCache keys_values;          // MultiHead, Gated, KVSharing
+  attention::LatentCache latent;           // Latent
+  attention::SparseAttentionCache sparse;  // Sparse
+  attention::GatedDeltaNetState state;     // DeltaNet
 };
 
 /// The book's LayerNorm: parameters `scale` and `shift`, biased variance, eps 1e-5.
@@ -58,22 +98,55 @@ struct FeedForwardImpl : torch::nn::Module {
 TORCH_MODULE(FeedForward);
 
 struct TransformerBlockImpl : torch::nn::Module {
-  explicit TransformerBlockImpl(const Config& c)
-      : att(register_module(
-            "att", attention::MultiHeadAttention(
-                       attention::MultiHeadAttentionOptions(c.emb_dim, c.emb_dim, c.n_heads)
-                           .context_length(c.context_length)
-                           .dropout(c.drop_rate)
-                           .qkv_bias(c.qkv_bias)))),
-        ff(register_module("ff", FeedForward(c.emb_dim))),
-        norm1(register_module("norm1", LayerNorm(c.emb_dim))),
-        norm2(register_module("norm2", LayerNorm(c.emb_dim))),
-        drop_shortcut(register_module("drop_shortcut", torch::nn::Dropout(c.drop_rate))) {}
+  /// Block `index` of a model of `c`; its attention is registered as `att`, whichever it is, as
+  /// the book's blocks name it.
+  TransformerBlockImpl(const Config& c, int64_t index)
+      : kind(c.attention),
+        reads_shared_kv(c.attention == Attention::KVSharing && index >= c.n_kv_producing_layers) {
+    const int64_t d = c.emb_dim;
+    switch (kind) {
+      case Attention::Latent:
+        latent_att =
+            register_module("att", attention::MultiHeadLatentAttention(
+                                       attention::MultiHeadLatentAttentionOptions(d, d, c.n_heads)
+                                           .latent_dim(c.latent_dim)
+                                           .dropout(c.drop_rate)
+                                           .qkv_bias(c.qkv_bias)));
+        break;
+      case Attention::DeltaNet:
+        delta_net = register_module(
+            "att", attention::GatedDeltaNet(attention::GatedDeltaNetOptions(d, d, c.n_heads)
+                                                .dropout(c.drop_rate)
+                                                .qkv_bias(c.qkv_bias)));
+        break;
+      case Attention::Sparse:
+        sparse_att =
+            register_module("att", attention::DeepSeekSparseAttention(
+                                       attention::DeepSeekSparseAttentionOptions(d, d, c.n_heads)
+                                           .index_n_heads(c.index_n_heads)
+                                           .index_head_dim(c.index_head_dim)
+                                           .topk(c.topk)
+                                           .dropout(c.drop_rate)
+                                           .qkv_bias(c.qkv_bias)));
+        break;
+      default:  // MultiHead, Gated, KVSharing: MultiHeadAttention's options cover all three
+        att = register_module("att", attention::MultiHeadAttention(
+                                         attention::MultiHeadAttentionOptions(d, d, c.n_heads)
+                                             .context_length(c.context_length)
+                                             .dropout(c.drop_rate)
+                                             .qkv_bias(c.qkv_bias)
+                                             .gate(kind == Attention::Gated)));
+    }
+    ff = register_module("ff", FeedForward(d));
+    norm1 = register_module("norm1", LayerNorm(d));
+    norm2 = register_module("norm2", LayerNorm(d));
+    drop_shortcut = register_module("drop_shortcut", torch::nn::Dropout(c.drop_rate));
+  }
 
-  /// The book's block; with a cache, x holds the new tokens only.
-  torch::Tensor forward(torch::Tensor x, attention::KVCache* cache = nullptr) {
-    auto options = attention::MultiHeadAttentionForwardOptions().kv_cache(cache);
-    x = drop_shortcut(att(norm1(x), options).output) + x;
+  /// The book's block; with a cache, x holds the new tokens only. `shared` carries keys and
+  /// values from the producing blocks to the reading ones (KVSharing).
+  torch::Tensor forward(torch::Tensor x, BlockCache* cache, attention::SharedKV& shared) {
+    x = drop_shortcut(attend(norm1(x), cache, shared)) + x;
     return drop_shortcut(ff(norm2(x))) + x;
   }
 
@@ -82,14 +155,47 @@ struct TransformerBlockImpl : torch::nn::Module {
   /// earlier ones from it.
   torch::Tensor forward_paged(torch::Tensor x, attention::PagedKVCache& cache,
                               const attention::PagedBatch& batch, int64_t layer) {
+    if (kind != Attention::MultiHead) {
+      throw std::invalid_argument(
+          "gpt: serving over a PagedKVCache needs the book's MultiHeadAttention (attention "
+          "\"mha\")");
+    }
     x = drop_shortcut(att->forward_paged(norm1(x), cache, batch, layer)) + x;
     return drop_shortcut(ff(norm2(x))) + x;
   }
 
-  attention::MultiHeadAttention att;
-  FeedForward ff;
-  LayerNorm norm1, norm2;
-  torch::nn::Dropout drop_shortcut;
+  Attention kind;
+  bool reads_shared_kv;
+  // The attention, one of four module types (the others stay empty).
+  attention::MultiHeadAttention att{nullptr};
+  attention::MultiHeadLatentAttention latent_att{nullptr};
+  attention::GatedDeltaNet delta_net{nullptr};
+  attention::DeepSeekSparseAttention sparse_att{nullptr};
+  FeedForward ff{nullptr};
+  LayerNorm norm1{nullptr}, norm2{nullptr};
+  torch::nn::Dropout drop_shortcut{nullptr};
+
+ private:
+  torch::Tensor attend(const torch::Tensor& x, BlockCache* cache, attention::SharedKV& shared) {
+    switch (kind) {
+      case Attention::Latent:
+        return latent_att(x, cache ? &cache->latent : nullptr);
+      case Attention::DeltaNet:
+        return delta_net(x, cache ? &cache->state : nullptr);
+      case Attention::Sparse:
+        return sparse_att(x, cache ? &cache->sparse : nullptr);
+      default:
+        break;
+    }
+    auto options = attention::MultiHeadAttentionForwardOptions();
+    if (reads_shared_kv) {
+      options.shared_kv(&shared);  // the last producing block's keys and values, cache and all
+    } else {
+      options.kv_cache(cache ? &cache->keys_values : nullptr);
+      if (kind == Attention::KVSharing) options.share_kv(&shared);
+    }
+    return att(x, options).output;
+  }
 };
 TORCH_MODULE(TransformerBlock);
 
@@ -103,17 +209,19 @@ struct GPTModelImpl : torch::nn::Module {
         out_head(register_module(
             "out_head",
             torch::nn::Linear(torch::nn::LinearOptions(c.emb_dim, c.vocab_size).bias(false)))) {
-    for (int64_t i = 0; i < c.n_layers; ++i) trf_blocks->push_back(TransformerBlock(c));
+    for (int64_t i = 0; i < c.n_layers; ++i) trf_blocks->push_back(TransformerBlock(c, i));
   }
 
   /// Logits (B, T, vocab) of tokens `idx` (B, T) at positions start, start + 1, ...; with
   /// `caches` (one per block) the earlier tokens come from the caches.
-  torch::Tensor forward(const torch::Tensor& idx, std::vector<attention::KVCache>* caches = nullptr,
+  torch::Tensor forward(const torch::Tensor& idx, std::vector<BlockCache>* caches = nullptr,
                         int64_t start = 0) {
     const auto positions = torch::arange(start, start + idx.size(1), torch::kLong);
     auto x = drop_emb(tok_emb(idx) + pos_emb(positions));
+    attention::SharedKV shared;
     for (size_t i = 0; i < trf_blocks->size(); ++i) {
-      x = trf_blocks[i]->as<TransformerBlock>()->forward(x, caches ? &(*caches)[i] : nullptr);
+      x = trf_blocks[i]->as<TransformerBlock>()->forward(x, caches ? &(*caches)[i] : nullptr,
+                                                         shared);
     }
     return out_head(final_norm(x));
   }
@@ -148,8 +256,7 @@ inline std::pair<torch::Tensor, torch::Tensor> generate(GPTModel& model, torch::
                                                         int64_t new_tokens,
                                                         int64_t context_length) {
   torch::NoGradGuard no_grad;
-  std::vector<attention::KVCache> caches(model->trf_blocks->size(),
-                                         attention::KVCache(context_length));
+  std::vector<BlockCache> caches(model->trf_blocks->size(), BlockCache(context_length));
   std::vector<torch::Tensor> steps;
   auto logits = model(tokens, &caches, 0).select(1, -1);
   for (int64_t i = 0; i < new_tokens; ++i) {

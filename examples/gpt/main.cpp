@@ -1,4 +1,5 @@
-// The book's GPT, trained in Python (examples/gpt/train.py), generating greedily in C++.
+// The book's GPT, trained in Python (examples/gpt/train.py), generating greedily in C++; or the
+// same GPT with an attention mechanism of the book's chapter 4 (examples/gpt/chapter4.py).
 //
 //   gpt MODEL_DIR      (model.pth, config.json and generation.pt, as train.py writes them)
 //
@@ -29,7 +30,7 @@ std::map<std::string, torch::Tensor> read_generation(const std::string& path) {
   return out;
 }
 
-std::string decode(const torch::Tensor& tokens, const std::string& vocab) {
+std::string decode(const torch::Tensor& tokens, const std::vector<std::string>& vocab) {
   std::string text;
   for (int64_t i = 0; i < tokens.size(0); ++i) text += vocab.at(tokens[i].item<int64_t>());
   return text;
