@@ -470,11 +470,11 @@ def block_mask_cases(cases, add, mha):
 def latent_cases(cases, add):
     """The book's MultiHeadLatentAttention: forward and backward as the book computes it, and
     decoding through a LatentCache (forward["decode"], the absorbed form on the C++ side) against
-    Python's one forward. Seeds of their own."""
+    Python's one forward; then DeepSeek-V2's parts. Seeds of their own."""
     def mla(name, d_in, d_out, heads, shape, dtype="float32", latent_dim=None, qkv_bias=False,
-            **kw):
+            args=None, **kw):
         args = dict(d_in=d_in, d_out=d_out, dropout=0.0, num_heads=heads, qkv_bias=qkv_bias,
-                    latent_dim=latent_dim)
+                    latent_dim=latent_dim, **(args or {}))
         add(name, "MultiHeadLatentAttention", args, [shape], dtype, **kw)
         cases[-1]["seed"] = 4400 + len(names)
         names.append(name)
@@ -494,6 +494,22 @@ def latent_cases(cases, add):
     mla("mla_decode_chunked_T300", 16, 32, 4, [1, 300, 16], latent_dim=8,
         forward=dict(decode=[250, 1, 49], backend="chunked"), mode="inference",
         path="chunked_fused")
+    # DeepSeek-V2's parts the book's class lacks: the decoupled rotary part, compressed queries
+    # and the latents' RMSNorms, alone and together, forward and backward and through the cache
+    # (the absorbed form with the rotary key cached beside the latent).
+    deepseek = dict(rope_dim=4, q_latent_dim=6, latent_norm=True)
+    mla("mla_rope_T37", 12, 16, 4, [2, 37, 12], latent_dim=6, args=dict(rope_dim=4))
+    mla("mla_query_latent_T37", 12, 16, 4, [2, 37, 12], latent_dim=6,
+        args=dict(q_latent_dim=6, latent_norm=True))
+    mla("mla_deepseek_bias_T37_float64", 12, 16, 4, [2, 37, 12], "float64", latent_dim=6,
+        qkv_bias=True, args=dict(deepseek, rope_theta=500.0))
+    mla("mla_deepseek_T1024_chunked", 16, 32, 4, [1, 1024, 16], latent_dim=8,
+        args=dict(deepseek, rope_dim=8), forward=dict(backend="chunked"), path="chunked_fused")
+    mla("mla_deepseek_decode_chunks", 8, 16, 2, [2, 40, 8], latent_dim=5,
+        args=deepseek, forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
+    mla("mla_deepseek_decode_token_by_token_float64", 8, 16, 4, [2, 12, 8], "float64",
+        latent_dim=8, qkv_bias=True, args=dict(deepseek, rope_dim=2),
+        forward=dict(decode=[1] * 12), mode="inference")
 
 
 def sharing_cases(cases, add):

@@ -386,17 +386,52 @@ class MultiHeadLatentAttention(nn.Module):
     """The book's MultiHeadLatentAttention (chapter 4, 05_mla) without its cache: every token's
     input goes down to a latent of `latent_dim` features (W_DKV), each head's keys and values come
     up from it (W_UK, W_UV), then causal attention per head and out_proj. Constructor arguments,
-    parameter names and their order are the book's (latent_dim None: max(16, d_out // 8))."""
+    parameter names and their order are the book's (latent_dim None: max(16, d_out // 8)).
+
+    The arguments after the book's add DeepSeek-V2's parts, written to its paper's equations (the
+    book's class has none of them; 0 or False leaves the book's module): `rope_dim`, the decoupled
+    rotary part (W_QR: each head's rotary queries, W_KR: one rotary key per token, both rotated
+    by position, half-split pairs, base rope_theta; scores over head_dim + rope_dim features);
+    `q_latent_dim`, compressed queries (W_DQ down, W_UQ up, in W_query's place); `latent_norm`,
+    an RMSNorm (eps 1e-6) on each latent before its up-projections (kv_norm, q_norm)."""
+    rope_freqs: List[float]
 
     def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
-                 qkv_bias: bool = False, latent_dim: Optional[int] = None):
+                 qkv_bias: bool = False, latent_dim: Optional[int] = None, rope_dim: int = 0,
+                 rope_theta: float = 10000.0, q_latent_dim: int = 0, latent_norm: bool = False):
         super().__init__()
         self.d_out = d_out
         self.num_heads = num_heads
         self.head_dim = head_size(d_out, num_heads)
         self.latent_dim = latent_dim if latent_dim is not None else max(16, d_out // 8)
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.rope_dim = rope_dim
+        self.q_latent_dim = q_latent_dim
+        self.rope_freqs = rope_frequencies(rope_dim, rope_theta, []) if rope_dim > 0 else []
+        # Parts a configuration leaves out are identities: no parameters, and TorchScript still
+        # sees one type per attribute.
+        self.W_query = nn.Identity()
+        self.W_DQ = nn.Identity()
+        self.q_norm = nn.Identity()
+        self.W_UQ = nn.Identity()
+        self.W_QR = nn.Identity()
+        self.kv_norm = nn.Identity()
+        self.W_KR = nn.Identity()
+        query_source = d_in
+        if q_latent_dim > 0:
+            self.W_DQ = nn.Linear(d_in, q_latent_dim, bias=qkv_bias)
+            if latent_norm:
+                self.q_norm = RMSNorm(q_latent_dim, eps=1e-6)
+            self.W_UQ = nn.Linear(q_latent_dim, d_out, bias=qkv_bias)
+            query_source = q_latent_dim
+        else:
+            self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        if rope_dim > 0:
+            self.W_QR = nn.Linear(query_source, num_heads * rope_dim, bias=qkv_bias)
         self.W_DKV = nn.Linear(d_in, self.latent_dim, bias=qkv_bias)
+        if latent_norm:
+            self.kv_norm = RMSNorm(self.latent_dim, eps=1e-6)
+        if rope_dim > 0:
+            self.W_KR = nn.Linear(d_in, rope_dim, bias=qkv_bias)
         self.W_UK = nn.Linear(self.latent_dim, d_out, bias=qkv_bias)
         self.W_UV = nn.Linear(self.latent_dim, d_out, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out)
@@ -404,14 +439,27 @@ class MultiHeadLatentAttention(nn.Module):
 
     def forward(self, x):
         b, t, _ = x.shape
-        latent = self.W_DKV(x)
-        queries = split_heads(self.W_query(x), self.num_heads)
+        if self.q_latent_dim > 0:
+            query_source = self.q_norm(self.W_DQ(x))
+            queries = split_heads(self.W_UQ(query_source), self.num_heads)
+        else:
+            query_source = x
+            queries = split_heads(self.W_query(x), self.num_heads)
+        latent = self.kv_norm(self.W_DKV(x))
         keys = split_heads(self.W_UK(latent), self.num_heads)
         values = split_heads(self.W_UV(latent), self.num_heads)
+        if self.rope_dim > 0:
+            rotary_queries = self.W_QR(query_source).view(b, t, self.num_heads, self.rope_dim)
+            rotary_queries = apply_rope(rotary_queries.transpose(1, 2), self.rope_freqs, False)
+            rotary_key = apply_rope(self.W_KR(x), self.rope_freqs, False)
+            queries = torch.cat([queries, rotary_queries], dim=-1)
+            keys = torch.cat([keys, rotary_key.unsqueeze(1).expand(
+                b, self.num_heads, t, self.rope_dim)], dim=-1)
         scores = queries @ keys.transpose(-2, -1)
         future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
         scores = scores.masked_fill(future, -torch.inf)
-        weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        scale = (self.head_dim + self.rope_dim) ** 0.5
+        weights = self.dropout(torch.softmax(scores / scale, dim=-1))
         context = (weights @ values).transpose(1, 2).contiguous().view(b, t, self.d_out)
         return self.out_proj(context)
 

@@ -560,6 +560,68 @@ std::vector<BadInput> cases() {
              attention::MultiHeadLatentAttentionOptions(8, 8, 2).dropout(1.0));
        },
        Kind::Value, "expected dropout in [0, 1), got 1"},
+      {"MLA: rope_dim odd",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).rope_dim(3));
+       },
+       Kind::Value,
+       "attention::MultiHeadLatentAttention: expected rope_dim even and >= 0 (0: no rotary part), "
+       "got 3"},
+      {"MLA: rope_dim -2",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).rope_dim(-2));
+       },
+       Kind::Value, "expected rope_dim even and >= 0 (0: no rotary part), got -2"},
+      {"MLA: rope_dim INT64_MAX - 1",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).rope_dim(
+                 std::numeric_limits<int64_t>::max() - 1));
+       },
+       Kind::Value,
+       "expected num_heads x rope_dim within int64, got num_heads 2 and rope_dim "
+       "9223372036854775806"},
+      {"MLA: rope_theta 1",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).rope_dim(2).rope_theta(1.0));
+       },
+       Kind::Value, "expected a finite rope_theta > 1, got 1"},
+      {"MLA: rope_theta NaN",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).rope_dim(2).rope_theta(
+                 std::nan("")));
+       },
+       Kind::Value, "expected a finite rope_theta > 1, got nan"},
+      {"MLA: q_latent_dim -1",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).q_latent_dim(-1));
+       },
+       Kind::Value,
+       "attention::MultiHeadLatentAttention: expected q_latent_dim >= 0 (0: no query latent), got "
+       "-1"},
+      {"MLA: q_latent_dim INT64_MAX",
+       [] {
+         attention::MultiHeadLatentAttention(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).q_latent_dim(
+                 std::numeric_limits<int64_t>::max()));
+       },
+       Kind::Other, "overflowed"},
+      {"MLA with a rotary part: a cache of the book's latent",
+       [] {
+         attention::MultiHeadLatentAttention book(8, 8, 2);
+         attention::MultiHeadLatentAttention rope(
+             attention::MultiHeadLatentAttentionOptions(8, 8, 2).rope_dim(2));
+         attention::LatentCache cache(8);
+         book(torch::rand({1, 2, 8}), &cache);
+         rope(torch::rand({1, 2, 8}), &cache);
+       },
+       Kind::Value,
+       "attention::LatentCache: expected a latent (1, T, 16) like the cached one, got (1, 2, 18)"},
       {"LatentCache: max_length 0", [] { attention::LatentCache(0); }, Kind::Value,
        "attention::LatentCache: expected max_length > 0, got 0"},
       {"LatentCache: rank 4",

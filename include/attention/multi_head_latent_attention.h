@@ -7,6 +7,7 @@
 #include <attention/export.h>
 #include <attention/functional.h>
 #include <attention/latent_cache.h>
+#include <attention/rms_norm.h>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
@@ -38,6 +39,21 @@ struct MultiHeadLatentAttentionOptions {
   /// The kernel of the attention (see functional::scaled_dot_product_attention).
   TORCH_ARG(functional::Backend, backend) = functional::Backend::Auto;
 
+  /// DeepSeek's decoupled rotary part (DeepSeek-V2's qk_rope_head_dim; 0, the book's: none).
+  /// Each head's queries get rope_dim more features (`W_QR`), every token one rope_dim key for
+  /// all heads (`W_KR`), both rotated by position (RoPE, half-split pairs); the cache keeps that
+  /// key beside the latent. Scores are scaled by 1 / sqrt(head_dim + rope_dim). Even, >= 0.
+  TORCH_ARG(int64_t, rope_dim) = 0;
+  /// The base of the rotary part's frequencies: finite and > 1.
+  TORCH_ARG(double, rope_theta) = 10000.0;
+  /// DeepSeek's compressed queries (q_lora_rank; 0, the book's: none): the queries come from a
+  /// latent of their own, x -> `W_DQ` -> q_latent_dim features -> `W_UQ` (and `W_QR`), in place
+  /// of `W_query`. >= 0.
+  TORCH_ARG(int64_t, q_latent_dim) = 0;
+  /// An RMSNorm (eps 1e-6) on each latent before its up-projections, as DeepSeek's released
+  /// models have (`kv_norm`; `q_norm` with q_latent_dim); the cache keeps the normalized latent.
+  TORCH_ARG(bool, latent_norm) = false;
+
   /// The book's latent size for `d_out` when none is given: max(16, d_out / 8).
   static int64_t default_latent_dim(int64_t d_out) { return d_out / 8 > 16 ? d_out / 8 : 16; }
 };
@@ -51,6 +67,12 @@ struct MultiHeadLatentAttentionOptions {
 /// (latent_dim -> d_out) and `out_proj` (d_out -> d_out, with bias), created in that order with
 /// LibTorch's Linear initialization: the same seed gives the book's weights, and its files load by
 /// name.
+///
+/// DeepSeek-V2's full form, as its paper writes it, with options the book's class lacks: the
+/// decoupled rotary part (`rope_dim`: `W_QR`, d_in or q_latent_dim -> num_heads x rope_dim, made
+/// after the queries' projections, and `W_KR`, d_in -> rope_dim, made after W_DKV), compressed
+/// queries (`q_latent_dim`: `W_DQ`, d_in -> q_latent_dim, and `W_UQ`, q_latent_dim -> d_out, in
+/// W_query's place), and an RMSNorm on each latent (`latent_norm`: `kv_norm`, `q_norm`).
 ///
 /// Two forms of one computation:
 /// - Without a cache, as the book writes it: keys and values up-projected from the latent of
@@ -91,10 +113,11 @@ class ATTENTION_API MultiHeadLatentAttentionImpl
   /// Prints the module's name and options.
   void pretty_print(std::ostream& stream) const override;
 
-  /// Causal attention of x's tokens, after the cache's when one is given (whose latent they join).
-  /// Throws c10::ValueError for a wrong shape and c10::TypeError for a wrong dtype of x,
-  /// c10::Error for another device, and the cache's errors for a latent it refuses (before it
-  /// changes).
+  /// Causal attention of x's tokens, after the cache's when one is given (whose latent they join;
+  /// with rope_dim each cached row is the latent and then the rotary key, latent_dim + rope_dim
+  /// features, and x's positions go on from the cache's length). Throws c10::ValueError for a wrong
+  /// shape and c10::TypeError for a wrong dtype of x, c10::Error for another device, and the
+  /// cache's errors for a latent it refuses (before it changes).
   torch::Tensor forward(const torch::Tensor& x, LatentCache* cache = nullptr);
 
   /// Size of each head's queries, keys and values: d_out / num_heads.
@@ -112,12 +135,28 @@ class ATTENTION_API MultiHeadLatentAttentionImpl
   torch::nn::Linear W_UV{nullptr};
   /// Output projection, d_out -> d_out.
   torch::nn::Linear out_proj{nullptr};
+  /// Query down-projection, d_in -> q_latent_dim (with q_latent_dim; W_query is empty then).
+  torch::nn::Linear W_DQ{nullptr};
+  /// Query up-projection, q_latent_dim -> d_out (with q_latent_dim).
+  torch::nn::Linear W_UQ{nullptr};
+  /// Rotary queries, d_in (or q_latent_dim) -> num_heads x rope_dim (with rope_dim).
+  torch::nn::Linear W_QR{nullptr};
+  /// Rotary key shared by the heads, d_in -> rope_dim (with rope_dim).
+  torch::nn::Linear W_KR{nullptr};
+  /// RMSNorm of the query latent (with latent_norm and q_latent_dim).
+  RMSNorm q_norm{nullptr};
+  /// RMSNorm of the key/value latent (with latent_norm).
+  RMSNorm kv_norm{nullptr};
 
  private:
-  /// The book's form: (B, H, T, head_dim) queries against keys and values of every latent.
-  torch::Tensor attend_expanded(const torch::Tensor& queries, const torch::Tensor& latent);
-  /// The absorbed form over the cache's latent; the same result.
-  torch::Tensor attend_absorbed(const torch::Tensor& queries, const torch::Tensor& latent);
+  /// The book's form: (B, H, T, head_dim) queries (and their rotary part, (B, H, T, rope_dim),
+  /// undefined without one) against keys and values of every cached row, (B, Tk, latent_dim +
+  /// rope_dim): the latent, then the rotary key.
+  torch::Tensor attend_expanded(const torch::Tensor& queries, const torch::Tensor& rotary_queries,
+                                const torch::Tensor& cached);
+  /// The absorbed form over the same rows; the same result.
+  torch::Tensor attend_absorbed(const torch::Tensor& queries, const torch::Tensor& rotary_queries,
+                                const torch::Tensor& cached);
   /// The attention options: causal, the backend, dropout in training.
   functional::ScaledDotProductAttentionOptions attention_options() const;
 };

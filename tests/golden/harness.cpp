@@ -336,6 +336,10 @@ Module make_multi_head_latent_attention(const Case& c) {
                                                      a.at("num_heads"));
   if (!a.at("latent_dim").is_null()) options.latent_dim(a.at("latent_dim"));
   options.qkv_bias(a.at("qkv_bias")).dropout(a.at("dropout"));
+  // DeepSeek-V2's parts, which the book's class leaves out.
+  options.rope_dim(a.value("rope_dim", int64_t{0})).rope_theta(a.value("rope_theta", 10000.0));
+  options.q_latent_dim(a.value("q_latent_dim", int64_t{0}))
+      .latent_norm(a.value("latent_norm", false));
   options.backend(backend_of(c.forward));
   const auto decode = c.forward.value("decode", std::vector<int64_t>{});
   return wrap(

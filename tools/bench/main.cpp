@@ -963,16 +963,21 @@ void bench_block_mask(int64_t t) {
 // d_out = 2048, 16 heads of 128 features, a latent of 512) at positions 4096 to 32768, whole
 // modules (projections included): MultiHeadLatentAttention over a LatentCache (the absorbed
 // form), the book's form over the same cache (every cached latent up-projected to keys and values
-// each step; at 4096 only, it grows with T x latent x d_out), and MultiHeadAttention with a
-// KVCache of 16 heads (MHA) and of 4 (GQA). Each with its cache's bytes per token.
+// each step; at 4096 only, it grows with T x latent x d_out), MLA with DeepSeek's decoupled
+// rotary part of 64 features (V2-Lite's qk_rope_head_dim, cached beside the latent), and
+// MultiHeadAttention with a KVCache of 16 heads (MHA) and of 4 (GQA). Each with its cache's bytes
+// per token.
 void bench_mla_decode() {
   torch::NoGradGuard no_grad;
   const int64_t d = settings.quick ? 256 : 2048, heads = 16, latent = settings.quick ? 64 : 512;
+  const int64_t rope = settings.quick ? 8 : 64;
   std::vector<int64_t> positions = {4096, 16384, 32768};
   if (settings.quick) positions = {256};
   torch::manual_seed(0);
   attention::MultiHeadLatentAttention mla(
       attention::MultiHeadLatentAttentionOptions(d, d, heads).latent_dim(latent));
+  attention::MultiHeadLatentAttention mla_rope(
+      attention::MultiHeadLatentAttentionOptions(d, d, heads).latent_dim(latent).rope_dim(rope));
   attention::MultiHeadAttention mha(attention::MultiHeadAttentionOptions(d, d, heads));
   attention::MultiHeadAttention gqa(
       attention::MultiHeadAttentionOptions(d, d, heads).num_kv_heads(4));
@@ -1010,6 +1015,17 @@ void bench_mla_decode() {
                                    mla_ms, 4 * latent);
     if (book_ms > 0)
       text += fmt::format("; book's form {:.1f} ms ({:.0f}x)", book_ms, book_ms / mla_ms);
+    attention::LatentCache rope_cache(p + 1);
+    rope_cache.append(torch::randn({1, p, latent + rope}));
+    const double rope_ms = median_ms(
+        [&] {
+          rope_cache.truncate(p);
+          mla_rope(token, &rope_cache);
+        },
+        settings.repeats * 4);
+    record_rate("mla-decode", "cpp.mla_rope.absorbed", p, rope_ms, 4.0 * (latent + rope) * p);
+    text += fmt::format("; with a rotary part of {} {:.2f} ms ({} bytes per token)", rope, rope_ms,
+                        4 * (latent + rope));
     for (auto& [name, module, kv_heads] :
          {std::tuple{"mha", mha, heads}, std::tuple{"gqa", gqa, int64_t{4}}}) {
       attention::KVCache cache(p + 1);
