@@ -43,8 +43,8 @@ endif()
 
 # The ring benchmark runs on the optimized build only (scripts/bench_ring.sh): nothing runs it
 # sanitized.
-if(ATTENTION_HAS_DISTRIBUTED AND ATTENTION_BUILD_TOOLS AND NOT ATTENTION_SANITIZE
-   AND NOT ATTENTION_FUZZ)
+if(ATTENTION_HAS_DISTRIBUTED AND ATTENTION_BUILD_TOOLS AND ATTENTION_BUILD_BENCH_EXTRAS
+   AND NOT ATTENTION_SANITIZE AND NOT ATTENTION_FUZZ)
   add_executable(attention-ring-bench tools/ring_bench/main.cpp)
   target_link_libraries(attention-ring-bench PRIVATE attention::distributed)
   target_compile_options(attention-ring-bench PRIVATE ${ATTENTION_WARNINGS})

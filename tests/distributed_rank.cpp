@@ -8,7 +8,9 @@
 //   other <message>    any other exception (exit 3): a failure of the library
 //   ok                 (exit 0)
 //
-//   distributed-rank [--timeout-ms N] [--die-in forward|backward] [--length T]
+//   attention-tests --distributed-rank [--timeout-ms N] [--die-in forward|backward] [--length T]
+
+#include "helper_programs.h"
 
 #include <attention/distributed.h>
 
@@ -38,7 +40,7 @@ int64_t milliseconds_since(Clock::time_point start) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int distributed_rank_main(int argc, char** argv) {
   int64_t timeout_ms = 2000, length = 3072;
   std::string die_in;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -1,7 +1,9 @@
 // Writes seeded modules with save_weights, as a state dict and as safetensors, for
-// scripts/check_roundtrip.py to read in Python.
+// scripts/check_roundtrip.py to read in Python: `attention-tests --roundtrip-writer DIR`.
 // Each module's weights are its seeded ones plus 0.5, so that they match no freshly seeded module
 // by accident; the Python side applies the same shift to its own seeded module and compares.
+
+#include "helper_programs.h"
 
 #include <attention/attention.h>
 
@@ -11,7 +13,7 @@
 
 namespace {
 
-void write(torch::nn::Module& module, const std::string& path) {
+void write_shifted(torch::nn::Module& module, const std::string& path) {
   {
     torch::NoGradGuard no_grad;
     for (auto& p : module.parameters()) p.add_(0.5);
@@ -22,20 +24,20 @@ void write(torch::nn::Module& module, const std::string& path) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int roundtrip_writer_main(int argc, char** argv) {
   if (argc != 2) return 2;
   const std::string dir = argv[1];
   torch::manual_seed(1);
   attention::SelfAttention self(5, 3, 4);
-  write(*self, dir + "/SelfAttention");
+  write_shifted(*self, dir + "/SelfAttention");
   torch::manual_seed(2);
   attention::MultiHeadAttentionWrapper wrapper(4, 2, 3, 3);
-  write(*wrapper, dir + "/MultiHeadAttentionWrapper");
+  write_shifted(*wrapper, dir + "/MultiHeadAttentionWrapper");
   torch::manual_seed(3);
   attention::CausalSelfAttention causal(6, 4, 2);
-  write(*causal, dir + "/CausalSelfAttention");
+  write_shifted(*causal, dir + "/CausalSelfAttention");
   torch::manual_seed(4);
   attention::CrossAttention cross(attention::CrossAttentionOptions(3, 2, 5).d_in_kv(7));
-  write(*cross, dir + "/CrossAttention");
+  write_shifted(*cross, dir + "/CrossAttention");
   return 0;
 }

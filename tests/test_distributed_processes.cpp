@@ -72,13 +72,12 @@ struct SilentListener {
   ~SilentListener() { close(fd); }
 };
 
-// tests/distributed_rank.cpp's program, which the build puts beside this one.
+// tests/distributed_rank.cpp's program: this one, with --distributed-rank first.
 std::string rank_program() {
   std::vector<char> path(4096);
   const ssize_t n = readlink("/proc/self/exe", path.data(), path.size() - 1);
   REQUIRE(n > 0);
-  std::string self(path.data(), static_cast<size_t>(n));
-  return self.substr(0, self.rfind('/') + 1) + "distributed-rank";
+  return std::string(path.data(), static_cast<size_t>(n));
 }
 
 struct Outcome {
@@ -108,7 +107,8 @@ Rank start_rank(int rank, int world, int port, const std::vector<std::string>& e
       env_strings.push_back(entry);
     }
   }
-  std::vector<std::string> args{rank_program(), "--timeout-ms", std::to_string(timeout_ms)};
+  std::vector<std::string> args{rank_program(), "--distributed-rank", "--timeout-ms",
+                                std::to_string(timeout_ms)};
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
