@@ -2,6 +2,7 @@
 #include <attention/paged_attention.h>
 
 #include "functional/last_path.h"
+#include "functional/named_entry.h"
 #include "kernels/chunked.h"
 #include "kernels/kernels.h"
 #include "kernels/paged.h"
@@ -218,7 +219,15 @@ void record_last_path(Path path) {
 AttentionOutput scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
                                              const torch::Tensor& value,
                                              const ScaledDotProductAttentionOptions& options) {
-  const auto p = kernels::make_problem(query, key, value, options, kSdpa);
+  return scaled_dot_product_attention_named(query, key, value, options, kSdpa);
+}
+
+AttentionOutput scaled_dot_product_attention_named(const torch::Tensor& query,
+                                                   const torch::Tensor& key,
+                                                   const torch::Tensor& value,
+                                                   const ScaledDotProductAttentionOptions& options,
+                                                   const char* caller) {
+  const auto p = kernels::make_problem(query, key, value, options, caller);
   if (decodes_in_place(p, query, key, value)) {
     last = Path::ChunkedFused;
     return {decode_in_place(p, query, key, value, options), {}};
@@ -230,8 +239,16 @@ torch::Tensor varlen_attention(const torch::Tensor& query, const torch::Tensor& 
                                const torch::Tensor& value, const torch::Tensor& cu_seqlens_q,
                                const torch::Tensor& cu_seqlens_k,
                                const ScaledDotProductAttentionOptions& options) {
+  return varlen_attention_named(query, key, value, cu_seqlens_q, cu_seqlens_k, options, kVarlen);
+}
+
+torch::Tensor varlen_attention_named(const torch::Tensor& query, const torch::Tensor& key,
+                                     const torch::Tensor& value, const torch::Tensor& cu_seqlens_q,
+                                     const torch::Tensor& cu_seqlens_k,
+                                     const ScaledDotProductAttentionOptions& options,
+                                     const char* caller) {
   const auto p =
-      kernels::make_varlen_problem(query, key, value, cu_seqlens_q, cu_seqlens_k, options, kVarlen);
+      kernels::make_varlen_problem(query, key, value, cu_seqlens_q, cu_seqlens_k, options, caller);
   // Every backend reads the packed tokens as one batch of H heads, (H, total, d) views; the
   // output comes back in the packed layout (total_q, H, dv).
   const auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1); };

@@ -464,7 +464,44 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
   }
 };
 
+// The problem as the kernels take it, and the inputs batched: the mask expanded (a view) to the
+// scores' shape, unbatched (T, d) inputs as one head of one batch.
+Problem tile_problem(const Problem& problem) {
+  Problem p = problem;
+  p.mask = problem.expanded_mask();
+  return p;
+}
+
+Tensor batched(const Tensor& t) {
+  return t.dim() == 2 ? t.unsqueeze(0) : t;
+}
+
 }  // namespace
+
+std::pair<Tensor, Tensor> fused_forward_with_lse(const Problem& problem, const Tensor& query,
+                                                 const Tensor& key, const Tensor& value) {
+  TORCH_INTERNAL_ASSERT(fused_cpu_applies(query) && !problem.degenerate() &&
+                        !problem.relative_bias.defined());
+  const Problem p = tile_problem(problem);
+  auto [out, lse] = cpu_forward(p, batched(query), batched(key), batched(value));
+  if (p.sinks.defined()) lse = add_sinks(p, out, lse, p.sinks);
+  return {query.dim() == 2 ? out.squeeze(0) : out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward_with_lse(
+    const Problem& problem, const Tensor& query, const Tensor& key, const Tensor& value,
+    const Tensor& out, const Tensor& lse, const Tensor& grad_out) {
+  TORCH_INTERNAL_ASSERT(fused_cpu_applies(query) && !problem.degenerate() &&
+                        !problem.relative_bias.defined());
+  const Problem p = tile_problem(problem);
+  auto [dq, dk, dv] = cpu_backward(p, batched(query), batched(key), batched(value), batched(out),
+                                   lse, batched(grad_out));
+  const Tensor d_sinks = p.sinks.defined()
+                             ? sink_gradient(p, batched(out), lse, batched(grad_out), p.sinks)
+                             : Tensor();
+  if (query.dim() == 2) return {dq.squeeze(0), dk.squeeze(0), dv.squeeze(0), d_sinks};
+  return {dq, dk, dv, d_sinks};
+}
 
 functional::AttentionOutput chunked(const Problem& problem, const Tensor& query, const Tensor& key,
                                     const Tensor& value) {
@@ -474,11 +511,8 @@ functional::AttentionOutput chunked(const Problem& problem, const Tensor& query,
     return each_sequence(problem, query, key, value, chunked);
   }
   // The tiles index the mask per query matrix: it is expanded (a view) to the scores' shape.
-  Problem p = problem;
-  p.mask = problem.expanded_mask();
-  // Unbatched (T, d) inputs become one head of one batch.
+  const Problem p = tile_problem(problem);
   const bool unbatched = query.dim() == 2;
-  const auto batched = [&](const Tensor& t) { return unbatched ? t.unsqueeze(0) : t; };
   // Inference on the fused CPU forward: no autograd record and no log-sum-exp (at T = 32768 and 8
   // heads that is 1 MiB that nothing would read). Sinks shift the output by it, so they keep it.
   const bool records = torch::GradMode::is_enabled() &&

@@ -57,5 +57,21 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> tiles_backward_with_lse(
     const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
     const torch::Tensor& grad_out);
 
+/// chunked() on the fused CPU kernels for a caller that records its own autograd node (the
+/// operators of src/operators/): the output and the log-sum-exp (N, G, Tq) of every query,
+/// attention sinks included, for a problem that is not degenerate and has no relative bias, with
+/// the inputs as the caller gave them (rank 2 too; the (H, total, d) views of a packed problem).
+std::pair<torch::Tensor, torch::Tensor> fused_forward_with_lse(const Problem& problem,
+                                                               const torch::Tensor& query,
+                                                               const torch::Tensor& key,
+                                                               const torch::Tensor& value);
+
+/// The backward of fused_forward_with_lse(): the gradients of query, key and value, shaped like
+/// them, and of the sinks (undefined without sinks).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> fused_backward_with_lse(
+    const Problem& problem, const torch::Tensor& query, const torch::Tensor& key,
+    const torch::Tensor& value, const torch::Tensor& out, const torch::Tensor& lse,
+    const torch::Tensor& grad_out);
+
 }  // namespace kernels
 }  // namespace attention
