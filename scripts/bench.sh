@@ -41,7 +41,7 @@ if $libtorch2; then
   debian13_enter libtcmalloc-minimal4t64 libxsmm-dev
   debian13_run "cmake -S /src -B $DEBIAN13_BUILD -DCMAKE_BUILD_TYPE=Release \
       -DATTENTION_BUILD_TOOLS=ON >/dev/null
-    cmake --build $DEBIAN13_BUILD --target attention-bench -j \"\$JOBS\"
+    cmake --build $DEBIAN13_BUILD --target attention-bench attention_ops -j \"\$JOBS\"
     rm -rf /var/tmp/attention-bench-out
     /src/scripts/bench_measure.sh $DEBIAN13_BUILD/attention-bench /var/tmp/attention-bench-out \
       ${quick[*]}"

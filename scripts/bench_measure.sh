@@ -71,6 +71,9 @@ done
 
 echo "bench_measure.sh: Python ..." >&2
 "${python_bench[@]}" matmul article raschka raschka-train core-train >"$out/python.jsonl"
+# The operators of the build that made the C++ benchmark, beside PyTorch's attention.
+ATTENTION_OPS_LIBRARY=$(dirname "${bench[0]}")/libattention_ops.so "${python_bench[@]}" operators \
+  >>"$out/python.jsonl"
 cat "$out/python.jsonl.tmp" >>"$out/python.jsonl"
 rm -f "$out/python.jsonl.tmp"
 if [[ -n $tcmalloc ]]; then

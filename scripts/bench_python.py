@@ -5,6 +5,7 @@ Prints one JSON record per measurement.
 
     bench_python.py [--threads N] [--repeats N] [--quick] GROUP...
     groups: matmul article raschka raschka-train core-train long:T long-train:T block-attention:T
+            operators (python/attention_ops: its library from ATTENTION_OPS_LIBRARY)
 """
 
 import argparse
@@ -19,8 +20,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import reference  # noqa: E402
 
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 ALLOCATOR = "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "glibc"
 
 
@@ -200,6 +203,56 @@ def bench_block_attention(args, t):
                          f"refused: {str(error).splitlines()[0]}")
 
 
+def bench_operators(args):
+    """The library's operators (python/attention_ops) beside what PyTorch offers a Python user,
+    in one process: the attention core (B=8, H=12, T=1024, d=64, causal; and B=1, H=8, T=8192)
+    against F.scaled_dot_product_attention (1.13: its private _scaled_dot_product_attention),
+    and the Raschka module (B=8, T=1024, d_model 768, 12 heads) against nn.MultiheadAttention
+    and the book's class, forward and forward+backward, each through its Python call."""
+    try:
+        import attention_ops
+    except ImportError as error:
+        progress(f"operators: attention_ops not importable ({error}); skipped")
+        return
+    b, t, d, h = (2, 128, 64, 4) if args.quick else (8, 1024, 768, 12)
+    long_t = 512 if args.quick else 8192
+    torch.manual_seed(0)
+
+    def timed(impl, t_, call, inputs, train, gflop):
+        def step():
+            with torch.set_grad_enabled(train):
+                out = call()
+                if train:
+                    torch.autograd.grad(out, inputs, torch.ones_like(out))
+        progress(f"operators {impl} T={t_} {'forward+backward' if train else 'forward'}")
+        repeats = max(1, args.repeats // 2) if train else args.repeats
+        ms = median_ms(step, repeats)
+        record("operators", impl, "forward+backward" if train else "forward", t_, ms,
+               gflop * (3.5 if train else 1.0))
+
+    for batch, heads, length in ((b, h, t), (1, 8, long_t)):
+        q, k, v = (torch.randn(batch, heads, length, 64, requires_grad=True) for _ in range(3))
+        flop = 2.0 * batch * heads * length * length * 64 / 1e9
+        for train in (False, True):
+            timed("python.ops.core", length, lambda: attention_ops.scaled_dot_product_attention(
+                q, k, v, is_causal=True), (q, k, v), train, flop)
+            # 1.13's SDPA is whole score matrices: at T=8192 its training step holds 6 GiB.
+            if length == t or TORCH2 or not train:
+                timed("python.core.sdpa", length, lambda: sdpa(q, k, v, True), (q, k, v), train,
+                      flop)
+    x = torch.randn(b, t, d, requires_grad=True)
+    causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+    ours = attention_ops.MultiHeadAttention(d, d, t, 0.0, h)
+    book = reference.MultiHeadAttention(d, d, t, 0.0, h)
+    nn_mha = torch.nn.MultiheadAttention(d, h, batch_first=True)
+    for train in (False, True):
+        timed("python.ops.mha", t, lambda: ours(x), (x,), train, mha_gflop(b, t, d, True))
+        timed("python.nn_mha", t,
+              lambda: nn_mha(x, x, x, attn_mask=causal, need_weights=False)[0], (x,), train,
+              mha_gflop(b, t, d, True))
+        timed("python.book_mha", t, lambda: book(x), (x,), train, mha_gflop(b, t, d, True))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -225,6 +278,8 @@ def main():
             bench_long_train(args, int(group.split(":")[1]))
         elif group.startswith("long:"):
             bench_long(args, int(group.split(":")[1]))
+        elif group == "operators":
+            bench_operators(args)
         elif group.startswith("block-attention:"):
             bench_block_attention(args, int(group.split(":")[1]))
         else:

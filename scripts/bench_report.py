@@ -89,7 +89,32 @@ def targets(records, second):
     training_targets(records, second, target)
     window_targets(records, second, target)
     dtype_targets(records, second, target)
+    operator_targets(records, second, target)
     return rows
+
+
+def operator_targets(records, second, target):
+    """The library's operators called from Python (python/attention_ops) against the attention
+    PyTorch gives a Python user of the same generation, each through its Python call: the goal
+    is that the operator is the fastest of them."""
+    for rs in [records] + ([second] if second else []):
+        v = version(rs)
+
+        def rec(impl, t, pass_):
+            return next((r for r in rs if r["group"] == "operators" and r["impl"] == impl
+                         and r["T"] == t and r["pass"] == pass_), None)
+        long_t = max((r["T"] for r in rs if r["group"] == "operators"), default=None)
+        for pass_ in ("forward", "forward+backward"):
+            for t, what in ((1024, "attention core, Raschka config"),
+                            (long_t, f"attention core T={long_t}")):
+                target(f"9. Python {v}: {what} {pass_}, operator / F.scaled_dot_product_attention",
+                       ratio(rec("python.ops.core", t, pass_), rec("python.core.sdpa", t, pass_)),
+                       1.0)
+            for impl, what in (("python.nn_mha", "nn.MultiheadAttention"),
+                               ("python.book_mha", "the book's MultiHeadAttention")):
+                target(f"9. Python {v}: Raschka module {pass_}, attention_ops.MultiHeadAttention "
+                       f"/ {what}",
+                       ratio(rec("python.ops.mha", 1024, pass_), rec(impl, 1024, pass_)), 1.0)
 
 
 def dtype_targets(records, second, target):

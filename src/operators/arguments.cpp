@@ -1,6 +1,7 @@
 #include "operators/arguments.h"
 
 #include "functional/named_entry.h"
+#include "operators/symbolic_sizes.h"
 
 namespace attention {
 namespace operators {
@@ -51,7 +52,7 @@ bool takes_fused_route(const Arguments& args, const torch::Tensor& query, const 
   const bool host = query.device().is_cpu() || query.device().is_meta();
   const bool mask_gradient = args.attn_mask && args.attn_mask->requires_grad();
   return (args.backend == "auto" || args.backend == "chunked") && kernel_dtype && host &&
-         query.numel() > 0 && key.numel() > 0 && value.numel() > 0 && args.dropout_p == 0.0 &&
+         has_elements(query) && has_elements(key) && has_elements(value) && args.dropout_p == 0.0 &&
          !mask_gradient;
 }
 

@@ -11,6 +11,7 @@
 
 #include "operators/arguments.h"
 #include "operators/kernels.h"
+#include "operators/symbolic_sizes.h"
 
 #include "kernels/chunked.h"
 #include "kernels/problem.h"
@@ -89,6 +90,14 @@ std::vector<int64_t> lse_sizes(const Arguments& args, const Tensor& query) {
   return query.sizes().slice(0, query.dim() - 1).vec();
 }
 
+// The same for the Meta kernels, whose sizes may be symbols.
+std::vector<Size> symbolic_lse_sizes(const Arguments& args, const Tensor& query) {
+  if (args.packed()) return {size_of(query, 1), size_of(query, 0)};
+  auto sizes = sizes_of(query);
+  sizes.pop_back();
+  return sizes;
+}
+
 at::ScalarType lse_dtype(const Tensor& query) {
   return query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
@@ -99,12 +108,18 @@ std::vector<int64_t> output_sizes(const Tensor& query, const Tensor& value) {
   return sizes;
 }
 
+std::vector<Size> symbolic_output_sizes(const Tensor& query, const Tensor& value) {
+  auto sizes = sizes_of(query);
+  sizes.back() = size_of(value, -1);
+  return sizes;
+}
+
 bool needs_gradient(const Arguments& args, const Tensor& query, const Tensor& key,
                     const Tensor& value) {
-  const auto requires = [](const OptionalTensor& t) { return t && t->requires_grad(); };
+  const auto wants = [](const OptionalTensor& t) { return t && t->requires_grad(); };
   return torch::GradMode::is_enabled() &&
          (query.requires_grad() || key.requires_grad() || value.requires_grad() ||
-          requires(args.sinks) || requires(args.attn_mask));
+          wants(args.sinks) || wants(args.attn_mask));
 }
 
 c10::TypedOperatorHandle<decltype(fused_forward_cpu)> forward_operator() {
@@ -214,7 +229,7 @@ Tensor attention_meta(const Tensor& query, const Tensor&, const Tensor& value,
                       c10::optional<int64_t>, const OptionalTensor&, c10::optional<double>,
                       const OptionalTensor&, c10::optional<double>, double, c10::string_view,
                       int64_t) {
-  return torch::empty(output_sizes(query, value), query.options());
+  return empty_of(symbolic_output_sizes(query, value), query.options());
 }
 
 Tensor attention_autograd(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -256,7 +271,7 @@ Tensor varlen_meta(const Tensor& query, const Tensor&, const Tensor& value, cons
                    c10::optional<int64_t>, const OptionalTensor&, c10::optional<double>,
                    const OptionalTensor&, c10::optional<double>, double, c10::string_view,
                    int64_t) {
-  return torch::empty(output_sizes(query, value), query.options());
+  return empty_of(symbolic_output_sizes(query, value), query.options());
 }
 
 Tensor varlen_autograd(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -305,8 +320,8 @@ std::tuple<Tensor, Tensor> fused_forward_meta(
   Arguments args;
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
-  return {torch::empty(output_sizes(query, value), query.options()),
-          torch::empty(lse_sizes(args, query), query.options().dtype(lse_dtype(query)))};
+  return {empty_of(symbolic_output_sizes(query, value), query.options()),
+          empty_of(symbolic_lse_sizes(args, query), query.options().dtype(lse_dtype(query)))};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward_cpu(
