@@ -6,6 +6,7 @@
 
 #include <attention/functional.h>
 #include <attention/operators.h>
+#include <attention/rotary.h>
 
 #include "helpers.h"
 #include "operators/kernels.h"
@@ -172,31 +173,44 @@ TEST_CASE("operators: packed sequences' outputs and gradients are varlen_attenti
   for (size_t i = 0; i < 3; ++i) CHECK(torch::equal(ours[i].grad(), theirs[i].grad()));
 }
 
-TEST_CASE("operators: TorchScript calls them by their schema", "[operators]") {
+TEST_CASE("operators: the schemas' defaults are the functional options' defaults", "[operators]") {
   attention::register_operators();
   attention::register_operators();  // a second call finds them registered
-  const auto unit = torch::jit::compile(R"JIT(
-def attend(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor):
-    return torch.ops.attention.scaled_dot_product_attention(
-        q, k, v, is_causal=True, window_left=5, alibi_slopes=slopes, block_size=32)
-
-def rotate(x: Tensor, positions: Tensor):
-    return torch.ops.attention.apply_rotary(x, positions, theta=500.0, layout="interleaved")
-)JIT");
+  const auto& handle =
+      c10::Dispatcher::singleton().findSchemaOrThrow("attention::scaled_dot_product_attention", "");
+  const auto& schema = handle.schema();
+  // A call with the three tensors alone: every other argument takes its schema default, which
+  // must describe the functional layer's default options.
+  torch::jit::Stack stack;
   torch::manual_seed(48);
-  const auto q = torch::randn({1, 4, 40, 16}), k = torch::randn({1, 4, 40, 16}),
-             v = torch::randn({1, 4, 40, 16}), slopes = F::alibi_slopes(4).to(torch::kFloat);
-  const auto got = unit->run_method("attend", q, k, v, slopes).toTensor();
-  const auto expected =
-      F::scaled_dot_product_attention(
-          q, k, v, O().is_causal(true).window_left(5).alibi_slopes(slopes).block_size(32))
-          .output;
-  CHECK(torch::equal(got, expected));
-  const auto positions = torch::arange(3, 43);
+  const auto q = torch::randn({1, 4, 300, 16}), k = torch::randn({1, 4, 300, 16}),
+             v = torch::randn({1, 4, 300, 16});
+  stack.emplace_back(q);
+  stack.emplace_back(k);
+  stack.emplace_back(v);
+  for (size_t i = 3; i < schema.arguments().size(); ++i) {
+    INFO(schema.arguments()[i].name());
+    REQUIRE(schema.arguments()[i].default_value().has_value());
+    stack.push_back(*schema.arguments()[i].default_value());
+  }
+  handle.callBoxed(&stack);
+  REQUIRE(stack.size() == 1);
+  CHECK(torch::equal(stack[0].toTensor(), F::scaled_dot_product_attention(q, k, v).output));
+  const O defaults;
+  CHECK(schema.arguments().back().name() == "block_size");
+  CHECK(schema.arguments().back().default_value()->toInt() == defaults.block_size());
+
+  const auto rotary = c10::Dispatcher::singleton()
+                          .findSchemaOrThrow("attention::apply_rotary", "")
+                          .typed<decltype(ops::apply_rotary)>();
+  const auto positions = torch::arange(3, 303);
   CHECK(torch::equal(
-      unit->run_method("rotate", q, positions).toTensor(),
+      rotary.call(q, positions, 500.0, 0, "interleaved"),
       F::apply_rotary(q, positions,
                       F::RotaryOptions().theta(500.0).layout(F::RotaryLayout::Interleaved))));
+  CHECK_THROWS_C10(rotary.call(q, positions, 500.0, 0, "pairs"), c10::ValueError,
+                   "attention::apply_rotary: expected layout 'half_split' or 'interleaved', got "
+                   "'pairs'");
 }
 
 TEST_CASE("operators: bad arguments are refused with the operator's name", "[operators][errors]") {

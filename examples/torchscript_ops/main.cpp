@@ -31,9 +31,10 @@ int main(int argc, char** argv) {
   y.square().sum().backward();  // the operator's fused backward, recorded by the scripted call
   const double output_error = (y - expected).abs().max().item<double>();
   const double grad_error = (x.grad() - expected_grad).abs().max().item<double>();
-  std::printf("torchscript-ops: output %s, largest difference from Python %.3g (output), %.3g "
-              "(input gradient)\n",
-              c10::str(y.sizes()).c_str(), output_error, grad_error);
+  std::printf(
+      "torchscript-ops: output %s, largest difference from Python %.3g (output), %.3g "
+      "(input gradient)\n",
+      c10::str(y.sizes()).c_str(), output_error, grad_error);
   // float32 on the same kernels in both processes; the tolerance covers a different thread
   // count's summation order in LibTorch's own ops.
   const bool same = output_error <= 1e-5 && grad_error <= 1e-4;

@@ -5,13 +5,15 @@
 /// Python (`torch.ops.attention.*`, see python/attention_ops) and torch.compile:
 ///
 /// - `attention::scaled_dot_product_attention(query, key, value, attn_mask=None,
-///   is_causal=False, *, causal_alignment="bottom_right", window_left=None, window_right=None,
-///   alibi_slopes=None, softcap=None, sinks=None, scale=None, backend="auto", block_size=256)`:
-///   functional::scaled_dot_product_attention() with those options (the enums as strings:
-///   "bottom_right" or "top_left"; "auto", "math", "chunked" or "native").
+///   is_causal=False, causal_alignment="bottom_right", window_left=None, window_right=None,
+///   alibi_slopes=None, softcap=None, sinks=None, scale=None, dropout_p=0.0, backend="auto",
+///   block_size=256)`: functional::scaled_dot_product_attention() with those options (the
+///   enums as strings: "bottom_right" or "top_left"; "auto", "math", "chunked" or "native").
+///   No argument is keyword-only: AOTInductor's proxy executor of LibTorch 2.6 passes only the
+///   positional ones' defaults.
 /// - `attention::varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k,
-///   is_causal=False, *, ...)`: functional::varlen_attention() with the same options.
-/// - `attention::apply_rotary(x, positions, *, theta=10000.0, rotary_dim=0,
+///   is_causal=False, ...)`: functional::varlen_attention() with the same options.
+/// - `attention::apply_rotary(x, positions, theta=10000.0, rotary_dim=0,
 ///   layout="half_split")`: functional::apply_rotary() ("half_split" or "interleaved").
 ///
 /// Each has a CPU kernel (the functional layer, with its checks; messages name the operator),

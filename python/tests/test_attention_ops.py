@@ -10,6 +10,7 @@ torch.library.opcheck.
 
 import io
 import math
+import os
 import unittest
 
 import torch
@@ -20,6 +21,16 @@ import reference  # scripts/reference.py: the book's classes
 OPS = torch.ops.attention
 INT64_MAX = 2**63 - 1
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def has_aot_inductor_packages():
+    if not TORCH2:
+        return False
+    try:
+        import torch._inductor
+    except ImportError:
+        return False
+    return hasattr(torch._inductor, "aoti_compile_and_package")
 
 
 def formula(q, k, v, attn_mask=None, is_causal=False, top_left=False, window_left=None,
@@ -382,6 +393,21 @@ class Compiled(unittest.TestCase):
         self.assertIn("attention.scaled_dot_product_attention", str(exported.graph))
         x = torch.randn(2, 16, 32)
         torch.testing.assert_close(exported.module()(x), model(x))
+
+    @unittest.skipUnless(has_aot_inductor_packages(), "AOTInductor packages: 2.6 on")
+    def test_aot_inductor_package_runs_the_operator(self):
+        import tempfile
+        torch.manual_seed(0)
+        model = attention_ops.MultiHeadAttention(64, 64, 128, 0.0, 4).eval()
+        x = torch.randn(2, 128, 64)
+        exported = torch.export.export(model, (x,))
+        with tempfile.TemporaryDirectory() as folder:
+            path = torch._inductor.aoti_compile_and_package(
+                exported, package_path=os.path.join(folder, "model.pt2"))
+            # The package's C++ loader (AOTIModelPackageLoader) runs the operator through its
+            # proxy executor, by the operator's schema.
+            runner = torch._inductor.aoti_load_package(path)
+            torch.testing.assert_close(runner(x), model(x), rtol=1e-5, atol=1e-6)
 
     @unittest.skipUnless(hasattr(torch.library, "opcheck"), "torch.library.opcheck: 2.4 on")
     def test_opcheck(self):

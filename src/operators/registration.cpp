@@ -19,11 +19,11 @@ namespace {
 void define(torch::Library& m) {
   m.def(
       "scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
-      "Tensor? attn_mask=None, bool is_causal=False, *, " ATTENTION_OPERATOR_OPTIONS
+      "Tensor? attn_mask=None, bool is_causal=False, " ATTENTION_OPERATOR_OPTIONS
       ", float dropout_p=0.0, str backend=\"auto\", int block_size=256) -> Tensor");
   m.def(
       "varlen_attention(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
-      "Tensor cu_seqlens_k, bool is_causal=False, *, " ATTENTION_OPERATOR_OPTIONS
+      "Tensor cu_seqlens_k, bool is_causal=False, " ATTENTION_OPERATOR_OPTIONS
       ", float dropout_p=0.0, str backend=\"auto\", int block_size=256) -> Tensor");
   m.def(
       "_fused_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? cu_seqlens_q, "
@@ -35,7 +35,7 @@ void define(torch::Library& m) {
       "bool is_causal, " ATTENTION_OPERATOR_OPTIONS
       ", int block_size=256) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
-      "apply_rotary(Tensor x, Tensor positions, *, float theta=10000.0, int rotary_dim=0, "
+      "apply_rotary(Tensor x, Tensor positions, float theta=10000.0, int rotary_dim=0, "
       "str layout=\"half_split\") -> Tensor",
       torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd,
                       TORCH_FN(operators::apply_rotary)));
