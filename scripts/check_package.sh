@@ -8,7 +8,8 @@
 # examples/ring_attention
 # over torchrun on two processes when the library has attention::distributed; and
 # examples/ci_regression, whose CTest checks its C++ block against the cases its Python records
-# with the parity kit. A shared build's libraries must export their API alone.
+# with the parity kit; the installed Python package attention_ops on the installed operators. A
+# shared build's libraries must export their API alone.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -56,6 +57,20 @@ for file in mha.pt mha_state_dict.pt; do
   "$work/load_python_weights/load-python-weights" "$work/$file"
 done
 check_shared_exports "$work/prefix"
+# The operators from the installed Python package, which loads the installed libattention_ops.
+if [[ -d $work/prefix/share/attention/python/attention_ops ]]; then
+  PYTHONPATH="$work/prefix/share/attention/python" "$PYTHON" - "$work/prefix" <<'PYTHON'
+import os, sys, torch
+import attention_ops
+assert attention_ops.library_path().startswith(os.path.realpath(sys.argv[1])), attention_ops.library_path()
+q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))
+got = attention_ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+hidden = torch.ones(40, 40, dtype=torch.bool).triu(1)
+expected = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(hidden, -torch.inf).softmax(-1) @ v
+torch.testing.assert_close(got, expected)
+print("check_package.sh: the installed attention_ops loads", attention_ops.library_path())
+PYTHON
+fi
 # CTest checks one test per case that Python recorded.
 (cd "$work/ci_regression" && ctest --output-on-failure)
 "$work/gpt/gpt" "$ROOT/models/gpt"

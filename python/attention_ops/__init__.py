@@ -2,8 +2,8 @@
 
 Loading this package loads libattention_ops (the library's operators, registered as
 torch.ops.attention.*) into the process. It looks, in order, at the path in the environment
-variable ATTENTION_OPS_LIBRARY, beside the installed package (PREFIX/lib*/, the package being in
-PREFIX/share/attention/python/), and in the source tree's build/ folder.
+variable ATTENTION_OPS_LIBRARY, beside the installed package (PREFIX/lib*/ or PREFIX/lib/*/, the
+package being in PREFIX/share/attention/python/), and in the source tree's build/ folder.
 
     import torch, attention_ops
     q = torch.randn(2, 12, 1024, 64, requires_grad=True)
@@ -32,7 +32,8 @@ def _candidates():
     if given:
         return [given]
     prefix = os.path.normpath(os.path.join(here, "..", "..", "..", ".."))
-    installed = sorted(glob.glob(os.path.join(prefix, "lib*", LIBRARY_NAME)))
+    installed = sorted(glob.glob(os.path.join(prefix, "lib*", LIBRARY_NAME)) +
+                       glob.glob(os.path.join(prefix, "lib", "*", LIBRARY_NAME)))
     source_tree = os.path.join(here, "..", "..", "build", LIBRARY_NAME)
     return installed + [source_tree]
 
