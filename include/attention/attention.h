@@ -19,6 +19,7 @@
 #include <attention/multi_head_attention.h>
 #include <attention/multi_head_attention_wrapper.h>
 #include <attention/multi_head_latent_attention.h>
+#include <attention/operators.h>
 #include <attention/paged_attention.h>
 #include <attention/paged_kv_cache.h>
 #include <attention/rms_norm.h>
