@@ -7,6 +7,7 @@
 
 #include <c10/core/GradMode.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <string>
@@ -31,6 +32,16 @@ template <typename... Tensors>
 bool records_grad(const Tensors&... tensors) {
   if (!c10::GradMode::is_enabled()) return false;
   return ((tensors.defined() && tensors.requires_grad()) || ...);
+}
+
+/// Refuses a second-order gradient through a fused CPU backward. Its gradients come from raw
+/// memory and carry no autograd record, so a double backward would take them as constants and
+/// give a wrong result without a word. Called first in those backward functions, where grad mode
+/// is on exactly when the caller asked for create_graph.
+inline void refuse_double_backward(const char* caller) {
+  TORCH_CHECK(!c10::GradMode::is_enabled(), caller,
+              ": the fused CPU backward gives first-order gradients only; a double backward "
+              "(create_graph=True) needs the backend in LibTorch's ops (Backend::Math)");
 }
 
 }  // namespace detail

@@ -181,3 +181,25 @@ TEST_CASE("chunked backward: bfloat16 runs the fused kernels in float and follow
   CHECK(formula_error < 0.1);
   CHECK(test::max_abs_diff(tiles, reference_out) <= 1.25 * formula_error);
 }
+
+TEST_CASE("chunked backward: a double backward through the fused kernels is refused, Math's works",
+          "[chunked]") {
+  torch::manual_seed(17);
+  const auto q = torch::randn({1, 2, 40, 8}, torch::dtype(torch::kDouble).requires_grad(true));
+  const auto k = torch::randn({1, 2, 40, 8}, torch::dtype(torch::kDouble).requires_grad(true));
+  const auto v = torch::randn({1, 2, 40, 8}, torch::dtype(torch::kDouble).requires_grad(true));
+  const auto first_order = [&](Backend backend) {
+    const auto out =
+        F::scaled_dot_product_attention(q, k, v, Options().is_causal(true).backend(backend)).output;
+    return torch::autograd::grad({out.square().sum()}, {q}, {}, /*retain_graph=*/true,
+                                 /*create_graph=*/true)[0];
+  };
+  // Its gradients carry no record: taken as constants, a second order would be wrong.
+  CHECK_THROWS_C10(first_order(Backend::Chunked), c10::Error,
+                   "attention::functional::scaled_dot_product_attention: the fused CPU backward "
+                   "gives first-order gradients only");
+  const auto dq = first_order(Backend::Math);
+  REQUIRE(dq.requires_grad());
+  const auto second = torch::autograd::grad({dq.sum()}, {k})[0];
+  CHECK(second.abs().sum().item<double>() > 0.0);
+}

@@ -234,3 +234,23 @@ TEST_CASE("SparseAttentionCache: a refused append leaves it as it was", "[dsa]")
   cache.reset();
   CHECK(cache.length() == 0);
 }
+
+TEST_CASE("Sparse attention: a double backward through the fused kernel is refused, Math's works",
+          "[dsa]") {
+  torch::manual_seed(32);
+  const auto options = torch::dtype(torch::kDouble).requires_grad(true);
+  const auto q = torch::randn({1, 2, 6, 8}, options), k = torch::randn({1, 2, 6, 8}, options),
+             v = torch::randn({1, 2, 6, 8}, options);
+  const auto indices =
+      torch::tensor({{0, -1}, {0, 1}, {1, 2}, {0, 3}, {2, 4}, {4, 5}}).unsqueeze(0);
+  const auto first_order = [&](F::Backend backend) {
+    const auto out =
+        F::sparse_attention(q, k, v, indices, F::SparseAttentionOptions().backend(backend));
+    return torch::autograd::grad({out.square().sum()}, {q}, {}, true, /*create_graph=*/true)[0];
+  };
+  CHECK_THROWS_C10(first_order(F::Backend::Chunked), c10::Error,
+                   "attention::functional::sparse_attention: the fused CPU backward gives "
+                   "first-order gradients only");
+  const auto dq = first_order(F::Backend::Math);
+  CHECK(torch::autograd::grad({dq.sum()}, {k})[0].abs().sum().item<double>() > 0.0);
+}

@@ -214,3 +214,24 @@ TEST_CASE("GatedDeltaNet: a refused call leaves the state as it was", "[deltanet
   CHECK(state.bytes_per_sequence() == 0);
   CHECK(net(torch::randn({3, 1, 8}), &state).sizes() == c10::IntArrayRef({3, 1, 16}));
 }
+
+TEST_CASE("Gated delta rule: a double backward through the fused kernel is refused, Math's works",
+          "[deltanet]") {
+  torch::manual_seed(31);
+  const auto options = torch::dtype(torch::kDouble).requires_grad(true);
+  const auto q = torch::randn({1, 2, 9, 4}, options), k = torch::randn({1, 2, 9, 4}, options),
+             v = torch::randn({1, 2, 9, 3}, options);
+  const auto log_decay = -torch::rand({1, 2, 9}, torch::kDouble),
+             beta = torch::rand({1, 2, 9}, torch::kDouble);
+  const auto first_order = [&](F::Backend backend) {
+    const auto y =
+        F::gated_delta_rule(q, k, v, log_decay, beta, F::GatedDeltaRuleOptions().backend(backend))
+            .output;
+    return torch::autograd::grad({y.square().sum()}, {q}, {}, true, /*create_graph=*/true)[0];
+  };
+  CHECK_THROWS_C10(first_order(F::Backend::Chunked), c10::Error,
+                   "attention::functional::gated_delta_rule: the fused CPU backward gives "
+                   "first-order gradients only");
+  const auto dq = first_order(F::Backend::Math);
+  CHECK(torch::autograd::grad({dq.sum()}, {v})[0].abs().sum().item<double>() > 0.0);
+}

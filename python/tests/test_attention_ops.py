@@ -243,6 +243,15 @@ class Gradients(unittest.TestCase):
             error = (got.double() - expected).abs().max() / expected.abs().max()
             self.assertLess(error.item(), 2**-6)
 
+    def test_double_backward_refused_on_the_fused_route_and_computed_on_math(self):
+        q, k, v = inputs((1, 2, 5, 4), (1, 2, 6, 4), grad=True)
+        out = OPS.scaled_dot_product_attention(q, k, v, None, True)
+        with self.assertRaisesRegex(RuntimeError, "attention::scaled_dot_product_attention: "
+                                    "the fused CPU backward gives first-order gradients only"):
+            torch.autograd.grad(out.square().sum(), q, create_graph=True)
+        self.assertTrue(torch.autograd.gradgradcheck(
+            lambda q, k, v: operator(q, k, v, {"is_causal": True}, "math"), (q, k, v)))
+
     def test_a_mask_that_needs_a_gradient_gets_it(self):
         q, k, v = inputs((1, 2, 5, 4), (1, 2, 6, 4), grad=True)
         mask = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)

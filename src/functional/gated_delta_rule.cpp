@@ -110,6 +110,7 @@ struct FusedDeltaRule : public torch::autograd::Function<FusedDeltaRule> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    detail::refuse_double_backward(kGatedDeltaRuleName);
     const auto saved = ctx->get_saved_variables();
     kernels::cpu::DeltaRuleForward f;
     f.checkpoints = saved[5];

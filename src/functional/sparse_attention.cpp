@@ -135,6 +135,7 @@ struct FusedSparseAttention : public torch::autograd::Function<FusedSparseAttent
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    detail::refuse_double_backward(kSparseAttentionName);
     const auto s = ctx->get_saved_variables();
     auto g = kernels::cpu::sparse_attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], s[5],
                                                      ctx->saved_data["scale"].toDouble());

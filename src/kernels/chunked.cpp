@@ -7,6 +7,8 @@
 // kernels/cpu/backward.cpp instead; the tiles here serve every other device and dtype.
 
 #include "kernels/chunked.h"
+
+#include "checks.h"
 #include "kernels/kernels.h"
 
 #include <torch/autograd.h>
@@ -360,6 +362,7 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
     ctx->saved_data["relative_buckets"] = problem.relative_buckets;
     ctx->saved_data["relative_first"] = problem.relative_first;
     ctx->saved_data["with_sinks"] = with_sinks;
+    ctx->saved_data["caller"] = std::string(problem.caller);
     // The problem travels to backward as plain values: the mask is never an autograd input here
     // (a mask that needs a gradient is refused before the kernel runs).
     ctx->saved_data["mask"] = problem.mask;
@@ -398,6 +401,9 @@ class ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    if (fused_cpu_applies(saved[0])) {
+      detail::refuse_double_backward(ctx->saved_data["caller"].toStringRef().c_str());
+    }
     const auto sizes = ctx->saved_data["sizes"].toIntVector();
     Problem p;
     p.n = sizes[0];

@@ -13,6 +13,7 @@
 #include "operators/kernels.h"
 #include "operators/symbolic_sizes.h"
 
+#include "checks.h"
 #include "kernels/chunked.h"
 #include "kernels/problem.h"
 
@@ -168,8 +169,9 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
     auto& data = ctx->saved_data;
+    detail::refuse_double_backward(data["packed"].toBool() ? kVarlenOperator : kAttentionOperator);
+    const auto saved = ctx->get_saved_variables();
     const auto optional_tensor = [](const c10::IValue& v) -> OptionalTensor {
       return v.isNone() ? OptionalTensor() : OptionalTensor(v.toTensor());
     };
