@@ -366,6 +366,14 @@ class BadArguments(unittest.TestCase):
                                                 False))
         self.check(RuntimeError, name + "the fused CPU kernels take", lambda:
                    OPS._fused_attention_forward(q[:, :, :0], k, v, None, None, None, False))
+        offsets = torch.tensor([0, 7])
+        for cu_q, cu_k, caller, given in (
+                (offsets, None, "attention::varlen_attention: ", "cu_seqlens_q alone"),
+                (None, offsets, name, "cu_seqlens_k alone")):
+            self.check(ValueError, caller + "expected both cu_seqlens_q and cu_seqlens_k or "
+                       "neither, got " + given, lambda: OPS._fused_attention_forward(
+                           q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                           cu_q, cu_k, None, False))
         out, lse = OPS._fused_attention_forward(q, k, v, None, None, None, True)
         self.check(ValueError, name + "expected a log-sum-exp of shape", lambda:
                    OPS._fused_attention_backward(out, q, k, v, out, lse[..., :3], None, None,

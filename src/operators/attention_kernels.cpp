@@ -62,6 +62,9 @@ struct FusedProblem {
 
 FusedProblem fused_problem(const Arguments& args, const Tensor& query, const Tensor& key,
                            const Tensor& value) {
+  TORCH_CHECK_VALUE(args.cu_seqlens_q.has_value() == args.cu_seqlens_k.has_value(), args.caller,
+                    ": expected both cu_seqlens_q and cu_seqlens_k or neither, got ",
+                    args.cu_seqlens_q ? "cu_seqlens_q alone" : "cu_seqlens_k alone");
   const auto options = to_options(args);
   auto problem = args.packed()
                      ? kernels::make_varlen_problem(query, key, value, *args.cu_seqlens_q,
