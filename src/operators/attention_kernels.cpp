@@ -53,6 +53,20 @@ Arguments read_arguments(const char* caller, const OptionalTensor& cu_seqlens_q,
   return args;
 }
 
+// The arguments of the private fused operators: those of the public operator they serve (the
+// varlen one when offsets are given, for its messages), on the fused route, without dropout.
+Arguments fused_arguments(const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_k,
+                          const OptionalTensor& attn_mask, bool is_causal,
+                          c10::string_view causal_alignment, c10::optional<int64_t> window_left,
+                          c10::optional<int64_t> window_right, const OptionalTensor& alibi_slopes,
+                          c10::optional<double> softcap, const OptionalTensor& sinks,
+                          c10::optional<double> scale, int64_t block_size) {
+  return read_arguments(cu_seqlens_q ? kVarlenOperator : kAttentionOperator, cu_seqlens_q,
+                        cu_seqlens_k, attn_mask, is_causal, causal_alignment, window_left,
+                        window_right, alibi_slopes, softcap, sinks, scale, 0.0, "chunked",
+                        block_size);
+}
+
 // The problem the fused kernels compute, validated as the public operator validates it, and
 // the tensors as they read them: a packed call's (H, total, d) views.
 struct FusedProblem {
@@ -89,14 +103,14 @@ Tensor packed_layout(const Arguments& args, const Tensor& t) {
 
 // The log-sum-exp as the operators carry it: the queries' shape without their features, or
 // (H, total_q) for packed sequences; float, or double for double queries.
-std::vector<int64_t> lse_sizes(const Arguments& args, const Tensor& query) {
-  if (args.packed()) return {query.size(1), query.size(0)};
+std::vector<int64_t> lse_sizes(bool packed, const Tensor& query) {
+  if (packed) return {query.size(1), query.size(0)};
   return query.sizes().slice(0, query.dim() - 1).vec();
 }
 
 // The same for the Meta kernels, whose sizes may be symbols.
-std::vector<Size> symbolic_lse_sizes(const Arguments& args, const Tensor& query) {
-  if (args.packed()) return {size_of(query, 1), size_of(query, 0)};
+std::vector<Size> symbolic_lse_sizes(bool packed, const Tensor& query) {
+  if (packed) return {size_of(query, 1), size_of(query, 0)};
   auto sizes = sizes_of(query);
   sizes.pop_back();
   return sizes;
@@ -308,25 +322,22 @@ std::tuple<Tensor, Tensor> fused_forward_cpu(
     int64_t block_size) {
   torch::NoGradGuard no_grad;
   const auto args =
-      read_arguments(cu_seqlens_q ? kVarlenOperator : kAttentionOperator, cu_seqlens_q,
-                     cu_seqlens_k, attn_mask, is_causal, causal_alignment, window_left,
-                     window_right, alibi_slopes, softcap, sinks, scale, 0.0, "chunked", block_size);
+      fused_arguments(cu_seqlens_q, cu_seqlens_k, attn_mask, is_causal, causal_alignment,
+                      window_left, window_right, alibi_slopes, softcap, sinks, scale, block_size);
   const auto f = fused_problem(args, query, key, value);
   auto [out, lse] = kernels::fused_forward_with_lse(f.problem, f.query, f.key, f.value);
   return {packed_layout(args, out),
-          lse.reshape(lse_sizes(args, query)).to(lse_dtype(query)).contiguous()};
+          lse.reshape(lse_sizes(args.packed(), query)).to(lse_dtype(query)).contiguous()};
 }
 
 std::tuple<Tensor, Tensor> fused_forward_meta(
     const Tensor& query, const Tensor&, const Tensor& value, const OptionalTensor& cu_seqlens_q,
-    const OptionalTensor& cu_seqlens_k, const OptionalTensor&, bool, c10::string_view,
-    c10::optional<int64_t>, c10::optional<int64_t>, const OptionalTensor&, c10::optional<double>,
-    const OptionalTensor&, c10::optional<double>, int64_t) {
-  Arguments args;
-  args.cu_seqlens_q = cu_seqlens_q;
-  args.cu_seqlens_k = cu_seqlens_k;
+    const OptionalTensor&, const OptionalTensor&, bool, c10::string_view, c10::optional<int64_t>,
+    c10::optional<int64_t>, const OptionalTensor&, c10::optional<double>, const OptionalTensor&,
+    c10::optional<double>, int64_t) {
   return {empty_of(symbolic_output_sizes(query, value), query.options()),
-          empty_of(symbolic_lse_sizes(args, query), query.options().dtype(lse_dtype(query)))};
+          empty_of(symbolic_lse_sizes(cu_seqlens_q.has_value(), query),
+                   query.options().dtype(lse_dtype(query)))};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward_cpu(
@@ -339,9 +350,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward_cpu(
     int64_t block_size) {
   torch::NoGradGuard no_grad;
   const auto args =
-      read_arguments(cu_seqlens_q ? kVarlenOperator : kAttentionOperator, cu_seqlens_q,
-                     cu_seqlens_k, attn_mask, is_causal, causal_alignment, window_left,
-                     window_right, alibi_slopes, softcap, sinks, scale, 0.0, "chunked", block_size);
+      fused_arguments(cu_seqlens_q, cu_seqlens_k, attn_mask, is_causal, causal_alignment,
+                      window_left, window_right, alibi_slopes, softcap, sinks, scale, block_size);
   const auto f = fused_problem(args, query, key, value);
   const auto& p = f.problem;
   const auto expected_out = output_sizes(query, value);
@@ -349,8 +359,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward_cpu(
       out.sizes() == c10::IntArrayRef(expected_out) && grad_out.sizes() == out.sizes(), args.caller,
       ": expected the output and its gradient of shape ", expected_out, ", got ", out.sizes(),
       " and ", grad_out.sizes());
-  TORCH_CHECK_VALUE(lse.sizes() == c10::IntArrayRef(lse_sizes(args, query)), args.caller,
-                    ": expected a log-sum-exp of shape ", lse_sizes(args, query), ", got ",
+  TORCH_CHECK_VALUE(lse.sizes() == c10::IntArrayRef(lse_sizes(args.packed(), query)), args.caller,
+                    ": expected a log-sum-exp of shape ", lse_sizes(args.packed(), query), ", got ",
                     lse.sizes());
   TORCH_CHECK_TYPE(out.scalar_type() == query.scalar_type() &&
                        lse.scalar_type() == lse_dtype(query) && grad_out.is_floating_point(),
