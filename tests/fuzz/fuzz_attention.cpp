@@ -301,13 +301,32 @@ void check_varlen(const uint8_t* data, size_t size) {
   every_backend_agrees(backends, packed, ref, tolerance(dtype));
 }
 
+// One page's rows of 8 bits, (Hkv, P, width) codes and (Hkv, P) scales: codes from the input,
+// each row's scale mostly a power of two (exact in float and float64, so the reference's keys are
+// exactly what the codes stand for), now and then negative, 0 or NaN.
+void draw_8bit_rows(Bytes& in, const torch::Tensor& codes, const torch::Tensor& scales) {
+  auto* code = codes.data_ptr<int8_t>();
+  for (int64_t i = 0; i < codes.numel(); ++i) code[i] = static_cast<int8_t>(in.next());
+  auto* scale = scales.data_ptr<float>();
+  for (int64_t i = 0; i < scales.numel(); ++i) {
+    const int64_t pick = in.below(16);
+    scale[i] = pick < 10    ? 1.0f / 16
+               : pick < 13  ? 1.0f / 64
+               : pick == 13 ? -1.0f / 16
+               : pick == 14 ? 0.0f
+                            : NAN;
+  }
+}
+
 // Keys and values in the pages of a cache: functional::paged_attention against each sequence
 // alone (its keys gathered from its pages) through scaled_dot_product_attention on Math in
 // float64. The pages in shuffled order, pages no sequence holds full of NaN (a kernel that reads
 // a wrong page shows), the table's entries past a sequence's length -1 or an extreme; groups of
 // 16 query heads and chunks of 16 queries or more take the kernel's matrix products, and two
 // threads its split of the keys. Now and then a length is broken (every backend must refuse it)
-// or a sequence's first page entry (refused, or, where no query sees its keys, not read).
+// or a sequence's first page entry (refused, or, where no query sees its keys, not read). A third
+// of the cases hold 8-bit pages (codes and a scale per row; pages no sequence holds have NaN
+// scales) through paged_attention's overload with scales, against the keys the codes stand for.
 void check_paged(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   const int64_t count = in.below(4);
@@ -339,6 +358,7 @@ void check_paged(const uint8_t* data, size_t size) {
   const int64_t scale = in.below(4);
   if (scale > 0) options.scale(std::vector<double>{0.5, -1.0, 0.0}[scale - 1]);
   const bool two_threads = in.below(2) == 0;
+  const bool eight_bit = in.below(3) == 0;
 
   // The pool: the sequences' pages in shuffled order, then two that no sequence holds.
   std::vector<int64_t> order(pages + 2);
@@ -347,6 +367,17 @@ void check_paged(const uint8_t* data, size_t size) {
   auto key_pages = torch::full({pages + 2, kv_heads, page_size, d}, NAN, torch::kDouble);
   auto value_pages = torch::full({pages + 2, kv_heads, page_size, dv}, NAN, torch::kDouble);
   auto table = torch::full({count, widest}, -1, torch::kLong);
+  torch::Tensor key_codes, value_codes, key_scales, value_scales;  // 8-bit pages
+  if (eight_bit) {
+    key_codes = torch::zeros({pages + 2, kv_heads, page_size, d}, torch::kChar);
+    value_codes = torch::zeros({pages + 2, kv_heads, page_size, dv}, torch::kChar);
+    key_scales = torch::full({pages + 2, kv_heads, page_size}, NAN, torch::kFloat);
+    value_scales = torch::full({pages + 2, kv_heads, page_size}, NAN, torch::kFloat);
+  }
+  // The keys the codes of a page stand for, in float64.
+  const auto decoded = [](const torch::Tensor& codes, const torch::Tensor& scales) {
+    return codes.to(torch::kDouble) * scales.to(torch::kDouble).unsqueeze(-1);
+  };
   std::vector<torch::Tensor> keys, values;  // each sequence's (T_k, Hkv, d), gathered
   int64_t next = 0;
   for (int64_t s = 0; s < count; ++s) {
@@ -354,6 +385,13 @@ void check_paged(const uint8_t* data, size_t size) {
     for (int64_t j = 0; j < needed; ++j) {
       const int64_t page = order[next++];
       table[s][j] = page;
+      if (eight_bit) {
+        draw_8bit_rows(in, key_codes[page], key_scales[page]);
+        draw_8bit_rows(in, value_codes[page], value_scales[page]);
+        key_pages[page].copy_(decoded(key_codes[page], key_scales[page]));
+        value_pages[page].copy_(decoded(value_codes[page], value_scales[page]));
+        continue;
+      }
       key_pages[page].copy_(in.tensor({kv_heads, page_size, d}, torch::kDouble));
       value_pages[page].copy_(in.tensor({kv_heads, page_size, dv}, torch::kDouble));
     }
@@ -381,7 +419,8 @@ void check_paged(const uint8_t* data, size_t size) {
   if (broken == 3) lengths[victim] = widest * page_size + 1;  // more keys than its pages hold
   // A broken entry is refused where some query sees a key of its page; where none does, the page
   // may hold anything, and the result must not change.
-  const auto k_pages = key_pages.to(dtype), v_pages = value_pages.to(dtype);
+  const auto k_pages = eight_bit ? key_codes : key_pages.to(dtype);
+  const auto v_pages = eight_bit ? value_codes : value_pages.to(dtype);
   const auto cu_q = torch::tensor(offsets_q, torch::kLong);
 
   std::ostringstream case_text;
@@ -394,7 +433,9 @@ void check_paged(const uint8_t* data, size_t size) {
             << " softcap " << options.softcap().value_or(0) << " alibi "
             << options.alibi_slopes().defined() << " sinks " << options.sinks() << " scale "
             << (options.scale() ? *options.scale() : -999.0) << " two threads " << two_threads
-            << "\nq " << q << "\nkey pages " << k_pages << "\nvalue pages " << v_pages;
+            << " 8-bit " << eight_bit << "\nq " << q << "\nkey pages " << k_pages
+            << "\nvalue pages " << v_pages;
+  if (eight_bit) case_text << "\nkey scales " << key_scales << "\nvalue scales " << value_scales;
   described = case_text.str();
 
   const NamedBackends backends = {{F::Backend::Math, "Math (paged)"},
@@ -403,10 +444,17 @@ void check_paged(const uint8_t* data, size_t size) {
   const auto paged = [&](F::Backend backend) {
     torch::NoGradGuard no_grad;
     const auto o = F::ScaledDotProductAttentionOptions(options).backend(backend);
-    if (!two_threads) return F::paged_attention(q, k_pages, v_pages, cu_q, lengths, table, o);
+    const auto call = [&] {
+      if (eight_bit) {
+        return F::paged_attention(q, k_pages, key_scales, v_pages, value_scales, cu_q, lengths,
+                                  table, o);
+      }
+      return F::paged_attention(q, k_pages, v_pages, cu_q, lengths, table, o);
+    };
+    if (!two_threads) return call();
     at::set_num_threads(2);
     try {
-      auto out = F::paged_attention(q, k_pages, v_pages, cu_q, lengths, table, o);
+      auto out = call();
       at::set_num_threads(1);
       return out;
     } catch (...) {
