@@ -1,8 +1,9 @@
 // The paged forward's products of each instruction set this processor runs (AVX-512F, AVX2 with
 // FMA: kernels/cpu/decode_products.h) against sums in double written here: scores of 1 to 33 rows
 // against 1 to 40 keys that lie apart (groups of keys full and short), and the weighted values
-// added to a running output, over feature counts that fill 1 to 17 vectors, float and bfloat16;
-// a value that a row gives no weight never reaches the row, NaN included. The paged goldens and
+// added to a running output, over feature counts that fill 1 to 17 vectors, float, bfloat16 and
+// 8-bit codes with a scale per row; a value that a row gives no weight never reaches the row, NaN
+// included (for 8-bit rows: a NaN or infinite scale). The paged goldens and
 // differential tests run on the set decode_products() takes; ctest's chunked.avx2_softmax and
 // chunked.portable_softmax run them on AVX2's and on the portable loops.
 
@@ -71,6 +72,46 @@ std::vector<float> random_floats(int64_t count, uint64_t seed) {
   return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + count);
 }
 
+// Rows' weights of `cols` keys, `ld` apart: only row 1 gives key 0 a weight (0.5), and no row
+// gives one to keys 1, 4, 7...
+std::vector<float> weights_with_zeros(int64_t rows, int64_t cols, int64_t ld) {
+  auto p = random_floats(rows * ld, 5 + rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    p[r * ld + 0] = r == 1 ? 0.5f : 0.0f;
+    for (int64_t j = 1; j < cols; j += 3) p[r * ld + j] = 0.0f;
+  }
+  return p;
+}
+
+// Whether `acc` is `start` plus each row's weighted values value(j, c), over the keys the row
+// gives a weight, within `roundings` units of rounding of the terms' magnitude, and NaN or
+// infinite where that sum in double is.
+template <typename Value>
+bool adds_weighted_values(const std::vector<float>& p, int64_t ld, int64_t rows, int64_t cols,
+                          const std::vector<float>& start, const std::vector<float>& acc,
+                          int64_t dv, int64_t roundings, const Value& value) {
+  bool all_close = true;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < dv; ++c) {
+      double exact = start[r * dv + c], magnitude = std::abs(exact);
+      for (int64_t j = 0; j < cols; ++j) {
+        if (p[r * ld + j] == 0.0f) continue;
+        const double term = p[r * ld + j] * value(j, c);
+        exact += term;
+        magnitude += std::abs(term);
+      }
+      const double got = acc[r * dv + c];
+      const bool same_kind = std::isnan(exact)   ? std::isnan(got)
+                             : std::isinf(exact) ? got == exact
+                                                 : std::isfinite(got);
+      const double bound = static_cast<double>(roundings) * 6e-8 * magnitude;
+      all_close =
+          all_close && same_kind && (!std::isfinite(exact) || std::abs(got - exact) <= bound);
+    }
+  }
+  return all_close;
+}
+
 }  // namespace
 
 TEST_CASE("cpu decode products: scores equal sums in double", "[paged]") {
@@ -132,11 +173,7 @@ TEST_CASE("cpu decode products: weighted values add to the output, zero weights 
             values.b[cols - 1][dv / 2] = 0x7FC0;  // bfloat16 NaN
             values.b[cols - 1][dv - 1] = 0x7F80;  // bfloat16 +inf
             const int64_t ld = cols + 3;
-            auto p = random_floats(rows * ld, 5 + rows);
-            for (int64_t r = 0; r < rows; ++r) {
-              p[r * ld + 0] = r == 1 ? 0.5f : 0.0f;
-              for (int64_t j = 1; j < cols; j += 3) p[r * ld + j] = 0.0f;  // more zero weights
-            }
+            const auto p = weights_with_zeros(rows, cols, ld);
             auto acc = random_floats(rows * dv, 9 + dv);
             const auto start = acc;
             if (bf16) {
@@ -144,27 +181,110 @@ TEST_CASE("cpu decode products: weighted values add to the output, zero weights 
             } else {
               set->values(p.data(), ld, rows, values.f_ptr.data(), cols, acc.data(), dv);
             }
-            bool all_close = true;
-            for (int64_t r = 0; r < rows; ++r) {
-              for (int64_t c = 0; c < dv; ++c) {
-                double exact = start[r * dv + c], magnitude = std::abs(exact);
-                for (int64_t j = 0; j < cols; ++j) {
-                  if (p[r * ld + j] == 0.0f) continue;
-                  const double term = p[r * ld + j] * values.at(bf16, j, c);
-                  exact += term;
-                  magnitude += std::abs(term);
-                }
-                const double got = acc[r * dv + c];
-                const bool same_kind = std::isnan(exact)   ? std::isnan(got)
-                                       : std::isinf(exact) ? got == exact
-                                                           : std::isfinite(got);
-                const double bound = static_cast<double>(cols + 1) * 6e-8 * magnitude;
-                all_close = all_close && same_kind &&
-                            (!std::isfinite(exact) || std::abs(got - exact) <= bound);
-              }
-            }
-            CHECK(all_close);
+            CHECK(
+                adds_weighted_values(p, ld, rows, cols, start, acc, dv, cols + 1,
+                                     [&](int64_t j, int64_t c) { return values.at(bf16, j, c); }));
           }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// `count` rows of `width` 8-bit codes (-128 to 127), each row its own allocation and the
+// pointers reversed (as Rows), and a positive scale per row.
+struct CodeRows {
+  std::vector<std::vector<int8_t>> codes;
+  std::vector<const int8_t*> ptr;
+  std::vector<float> scales;
+  CodeRows(int64_t count, int64_t width, uint64_t seed) {
+    torch::manual_seed(seed);
+    const auto drawn = torch::randint(-128, 128, {count, width}, torch::kChar);
+    const auto scale = torch::rand({count}) + 0.01;
+    for (int64_t j = count - 1; j >= 0; --j) {
+      codes.emplace_back(drawn[j].data_ptr<int8_t>(), drawn[j].data_ptr<int8_t>() + width);
+    }
+    for (const auto& row : codes) ptr.push_back(row.data());
+    scales.assign(scale.data_ptr<float>(), scale.data_ptr<float>() + count);
+  }
+};
+
+}  // namespace
+
+// Rows 1 to 5 cover the 8-bit products' blocks of one to four rows and a block after a full one;
+// 70 keys, more than the weights the values' products take at a time (64).
+TEST_CASE("cpu decode products: 8-bit scores equal sums in double, times each key's scale",
+          "[paged]") {
+  for (const cpu::DecodeProducts* set : runnable_products()) {
+    for (const int64_t d : {int64_t{16}, int64_t{48}, int64_t{128}, int64_t{272}}) {
+      for (const int64_t rows :
+           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{33}}) {
+        for (const int64_t cols : {int64_t{1}, int64_t{3}, int64_t{7}, int64_t{17}, int64_t{70}}) {
+          INFO(set->name << " d=" << d << " rows=" << rows << " cols=" << cols);
+          CodeRows keys(cols, d, 13 + cols);
+          keys.scales[cols - 1] = std::numeric_limits<float>::quiet_NaN();  // its scores are NaN
+          const auto q = random_floats(rows * d, 17 + d);
+          const int64_t ld = cols + 5;
+          std::vector<float> s(rows * ld, -7.0f);  // the padding past cols must stay
+          set->scores_i8(q.data(), rows, d, keys.ptr.data(), keys.scales.data(), cols, s.data(),
+                         ld);
+          bool all_close = true, padding_kept = true;
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t j = 0; j < cols; ++j) {
+              double exact = 0, magnitude = 0;
+              for (int64_t c = 0; c < d; ++c) {
+                exact += static_cast<double>(q[r * d + c]) * keys.ptr[j][c];
+                magnitude += std::abs(static_cast<double>(q[r * d + c]) * keys.ptr[j][c]);
+              }
+              exact *= keys.scales[j];
+              magnitude *= std::abs(keys.scales[j]);
+              // d + 1 roundings: the sum's and the scale's.
+              const double bound = static_cast<double>(d + 1) * 6e-8 * magnitude;
+              const double got = s[r * ld + j];
+              all_close = all_close &&
+                          (std::isnan(exact) ? std::isnan(got) : std::abs(got - exact) <= bound);
+            }
+            for (int64_t j = cols; j < ld; ++j)
+              padding_kept = padding_kept && s[r * ld + j] == -7.0f;
+          }
+          CHECK(all_close);
+          CHECK(padding_kept);
+        }
+      }
+    }
+  }
+}
+
+// dv from one vector to 17 (the products' blocks of 16 to 64 features and their remainders).
+TEST_CASE(
+    "cpu decode products: 8-bit weighted values add to the output, zero weights read "
+    "nothing",
+    "[paged]") {
+  for (const cpu::DecodeProducts* set : runnable_products()) {
+    for (const int64_t dv :
+         {int64_t{16}, int64_t{32}, int64_t{48}, int64_t{64}, int64_t{80}, int64_t{272}}) {
+      for (const int64_t rows :
+           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{33}}) {
+        for (const int64_t cols : {int64_t{1}, int64_t{7}, int64_t{17}, int64_t{70}}) {
+          INFO(set->name << " dv=" << dv << " rows=" << rows << " cols=" << cols);
+          CodeRows values(cols, dv, 7 + cols);
+          // Key 0's scale is NaN and key 1's infinite (where there is one): only row 1 gives
+          // key 0 a weight, and no row key 1.
+          values.scales[0] = std::numeric_limits<float>::quiet_NaN();
+          if (cols > 1) values.scales[1] = std::numeric_limits<float>::infinity();
+          const int64_t ld = cols + 3;
+          const auto p = weights_with_zeros(rows, cols, ld);  // key 1 has none
+          auto acc = random_floats(rows * dv, 9 + dv);
+          const auto start = acc;
+          set->values_i8(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
+                         acc.data(), dv);
+          // cols + 2 roundings: the sum's and each weight's product with its scale.
+          CHECK(adds_weighted_values(
+              p, ld, rows, cols, start, acc, dv, cols + 2, [&](int64_t j, int64_t c) {
+                return static_cast<double>(values.scales[j]) * values.ptr[j][c];
+              }));
         }
       }
     }

@@ -1,5 +1,6 @@
 // The paged forward's products on AVX-512F (kernels/cpu/decode_products.h): 16 keys per group,
-// 16 lanes per register, up to 128 features of a row's output held in 8 registers.
+// 16 lanes per register, up to 128 features of a row's output held in 8 registers; 8-bit rows
+// four keys and up to four query rows at a time, each code widened once for the rows.
 
 #include "kernels/cpu/decode_products.h"
 #include "kernels/cpu/softmax.h"
@@ -169,55 +170,159 @@ ATTENTION_AVX512 void values_avx512(const float* p, int64_t ld, int64_t rows,
   weigh_rows(p, ld, rows, values, value_scales, cols, acc, dv);
 }
 
-// 8-bit keys and values for several rows: a group of 16 widened once into floats (values times
-// their scales) that stay in the first-level cache while every row meets them, rather than
-// widened again for each row; one row, or rows longer than kWidest, widen in registers.
-constexpr int64_t kWidest = 256;
+// 8-bit keys and values: each code widened in registers once per block of up to four rows, and
+// used there by all of them. Widening a group of keys into a float buffer that every row then
+// read (the earlier form) took about twice the instructions, and the decoding step with an 8-bit
+// cache is bound by them where its codes are in the processor's caches.
 
-ATTENTION_AVX512 ATTENTION_ALWAYS_INLINE void widen_group(const int8_t* const* rows, int64_t n,
-                                                          int64_t width, const float* scales,
-                                                          float* wide, const float** to) {
-  for (int64_t i = 0; i < n; ++i) {
-    const __m512 scale = _mm512_set1_ps(scales != nullptr ? scales[i] : 1.0f);
-    for (int64_t c = 0; c < width; c += 16) {
-      _mm512_storeu_ps(wide + i * width + c, _mm512_mul_ps(scale, load16(rows[i] + c)));
+// Rows [0, Rows) against keys [0, cols), four keys at a time; acc[r * 4 + i] holds row r's
+// partial sums against key i, so one tree of shuffles (sum_each) gives the 16 scores.
+template <int Rows>
+ATTENTION_AVX512 void scores_i8_block(const float* q, int64_t d, const int8_t* const* keys,
+                                      const float* key_scales, int64_t cols, float* s, int64_t ld) {
+  for (int64_t j0 = 0; j0 < cols; j0 += 4) {
+    const int64_t n = std::min<int64_t>(4, cols - j0);
+    // A short last group repeats its first key in the missing places; their sums are not stored.
+    const int8_t* k[4];
+    float scale[4];
+    for (int64_t i = 0; i < 4; ++i) {
+      k[i] = keys[j0 + (i < n ? i : 0)];
+      scale[i] = key_scales[j0 + (i < n ? i : 0)];
     }
-    to[i] = wide + i * width;
+    prefetch_rows(keys + j0 + n, std::min<int64_t>(4, cols - j0 - n), d);
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += 16) {
+      for (int i = 0; i < 4; ++i) {
+        const __m512 x = load16(k[i] + c);
+        for (int r = 0; r < Rows; ++r) {
+          acc[r * 4 + i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * d + c), x, acc[r * 4 + i]);
+        }
+      }
+    }
+    alignas(64) float sums[16];  // lane r * 4 + i: row r against key i, times the key's scale
+    _mm512_store_ps(sums,
+                    _mm512_mul_ps(sum_each(acc), _mm512_broadcast_f32x4(_mm_loadu_ps(scale))));
+    for (int r = 0; r < Rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) s[r * ld + j0 + i] = sums[r * 4 + i];
+    }
   }
 }
 
 ATTENTION_AVX512 void scores_i8_avx512(const float* q, int64_t rows, int64_t d,
                                        const int8_t* const* keys, const float* key_scales,
                                        int64_t cols, float* s, int64_t ld) {
-  if (rows == 1 || d > kWidest) {
+  if (rows == 1) {  // sixteen keys at a time in registers
     scores_avx512<int8_t>(q, rows, d, keys, key_scales, cols, s, ld);
     return;
   }
-  alignas(64) float wide[16 * kWidest];
-  const float* group[16];
-  for (int64_t j0 = 0; j0 < cols; j0 += 16) {
-    const int64_t n = std::min<int64_t>(16, cols - j0);
-    prefetch_rows(keys + j0 + n, std::min<int64_t>(16, cols - j0 - n), d);
-    // Codes only: the scale multiplies each sum once.
-    widen_group(keys + j0, n, d, nullptr, wide, group);
-    scores_avx512<float>(q, rows, d, group, key_scales + j0, n, s + j0, ld);
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const float* block_q = q + r0 * d;
+    float* block_s = s + r0 * ld;
+    switch (std::min<int64_t>(4, rows - r0)) {
+      case 4:
+        scores_i8_block<4>(block_q, d, keys, key_scales, cols, block_s, ld);
+        break;
+      case 3:
+        scores_i8_block<3>(block_q, d, keys, key_scales, cols, block_s, ld);
+        break;
+      case 2:
+        scores_i8_block<2>(block_q, d, keys, key_scales, cols, block_s, ld);
+        break;
+      default:
+        scores_i8_block<1>(block_q, d, keys, key_scales, cols, block_s, ld);
+        break;
+    }
+  }
+}
+
+// Rows [0, Rows)' outputs, features [c0, c0 + 16 * Chunks), over keys [0, cols): weights[r *
+// kWeightKeys + j] is row r's weight of key j times the key's scale.
+constexpr int64_t kWeightKeys = 64;
+
+template <int Rows, int Chunks>
+ATTENTION_AVX512 void values_i8_block(const float* weights, int64_t cols,
+                                      const int8_t* const* values, int64_t c0, float* acc,
+                                      int64_t dv) {
+  __m512 a[Rows * Chunks];
+  for (int r = 0; r < Rows; ++r) {
+    for (int i = 0; i < Chunks; ++i)
+      a[r * Chunks + i] = _mm512_loadu_ps(acc + r * dv + c0 + 16 * i);
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    const int8_t* v = values[j] + c0;
+    __m512 x[Chunks];
+    for (int i = 0; i < Chunks; ++i) x[i] = load16(v + 16 * i);
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 w = _mm512_set1_ps(weights[r * kWeightKeys + j]);
+      for (int i = 0; i < Chunks; ++i)
+        a[r * Chunks + i] = _mm512_fmadd_ps(w, x[i], a[r * Chunks + i]);
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    for (int i = 0; i < Chunks; ++i)
+      _mm512_storeu_ps(acc + r * dv + c0 + 16 * i, a[r * Chunks + i]);
+  }
+}
+
+template <int Rows>
+ATTENTION_AVX512 void values_i8_rows(const float* weights, int64_t cols,
+                                     const int8_t* const* values, float* acc, int64_t dv) {
+  for (int64_t c0 = 0; c0 < dv; c0 += 64) {
+    switch (std::min<int64_t>(4, (dv - c0) / 16)) {
+      case 4:
+        values_i8_block<Rows, 4>(weights, cols, values, c0, acc, dv);
+        break;
+      case 3:
+        values_i8_block<Rows, 3>(weights, cols, values, c0, acc, dv);
+        break;
+      case 2:
+        values_i8_block<Rows, 2>(weights, cols, values, c0, acc, dv);
+        break;
+      default:
+        values_i8_block<Rows, 1>(weights, cols, values, c0, acc, dv);
+        break;
+    }
   }
 }
 
 ATTENTION_AVX512 void values_i8_avx512(const float* p, int64_t ld, int64_t rows,
                                        const int8_t* const* values, const float* value_scales,
                                        int64_t cols, float* acc, int64_t dv) {
-  if (rows == 1 || dv > kWidest) {
-    weigh_rows(p, ld, rows, values, value_scales, cols, acc, dv);
-    return;
-  }
-  alignas(64) float wide[16 * kWidest];
-  const float* group[16];
-  for (int64_t j0 = 0; j0 < cols; j0 += 16) {
-    const int64_t n = std::min<int64_t>(16, cols - j0);
-    prefetch_rows(values + j0 + n, std::min<int64_t>(16, cols - j0 - n), dv);
-    widen_group(values + j0, n, dv, value_scales + j0, wide, group);
-    weigh_rows<float>(p + j0, ld, rows, group, nullptr, n, acc, dv);
+  alignas(64) float weights[4 * kWeightKeys];
+  for (int64_t j0 = 0; j0 < cols; j0 += kWeightKeys) {
+    const int64_t m = std::min(kWeightKeys, cols - j0);
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int64_t block = std::min<int64_t>(4, rows - r0);
+      // A weight of 0 stays 0, whatever the key's scale (a NaN scale stays out of a row that
+      // gives its value no weight: the codes themselves are finite).
+      for (int64_t r = 0; r < block; ++r) {
+        for (int64_t j = 0; j < m; j += 16) {
+          const __mmask16 lanes =
+              m - j >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (m - j)) - 1u);
+          const __m512 weight = _mm512_maskz_loadu_ps(lanes, p + (r0 + r) * ld + j0 + j);
+          const __m512 scale = _mm512_maskz_loadu_ps(lanes, value_scales + j0 + j);
+          const __mmask16 given =
+              _mm512_cmp_ps_mask(weight, _mm512_setzero_ps(), _CMP_NEQ_UQ) & lanes;
+          _mm512_store_ps(weights + r * kWeightKeys + j, _mm512_maskz_mul_ps(given, weight, scale));
+        }
+      }
+      float* block_acc = acc + r0 * dv;
+      switch (block) {
+        case 4:
+          values_i8_rows<4>(weights, m, values + j0, block_acc, dv);
+          break;
+        case 3:
+          values_i8_rows<3>(weights, m, values + j0, block_acc, dv);
+          break;
+        case 2:
+          values_i8_rows<2>(weights, m, values + j0, block_acc, dv);
+          break;
+        default:
+          values_i8_rows<1>(weights, m, values + j0, block_acc, dv);
+          break;
+      }
+    }
   }
 }
 
