@@ -650,6 +650,29 @@ void bench_int8_decode(const torch::Tensor& packed_q, const torch::Tensor& k,
       (d + 4) / (4.0 * d), bytes / all_threads / 1e6));
 }
 
+// Keys and values (1, Hkv, T, d) in the pages of a cache of `page` tokens each, the pages in
+// shuffled order (rows a page apart lie anywhere in the pool, as in a cache that has served for a
+// while), and the sequence's page table.
+struct ShuffledPages {
+  torch::Tensor keys, values, table, index;
+  ShuffledPages(const torch::Tensor& k, const torch::Tensor& v, int64_t page) {
+    const int64_t kv_heads = k.size(1), pages = k.size(2) / page;
+    std::vector<int64_t> order(pages);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(7));
+    // Page order[j] holds keys [j * page, (j + 1) * page).
+    index = torch::tensor(order, torch::kLong);
+    const auto paged = [&](const torch::Tensor& t) {
+      auto pool = torch::empty({pages, kv_heads, page, t.size(3)}, t.options());
+      pool.index_copy_(0, index, t[0].view({kv_heads, pages, page, t.size(3)}).transpose(0, 1));
+      return pool;
+    };
+    keys = paged(k);
+    values = paged(v);
+    table = index.view({1, pages});
+  }
+};
+
 // One sequence's decoding step (32 query heads of 128 features; 8 key/value heads, and 1:
 // multi-query) at positions 4096 to 32768, float32 and bfloat16: the attention core on contiguous
 // keys (Chunked) and through a paged cache's table (pages of 16 tokens in shuffled order), the
@@ -671,19 +694,8 @@ void bench_paged_decode() {
         const auto q = torch::randn({1, heads, 1, d}).to(dtype);
         const auto k = torch::randn({1, kv_heads, p, d}).to(dtype);
         const auto v = torch::randn({1, kv_heads, p, d}).to(dtype);
-        const int64_t pages = p / page;
-        std::vector<int64_t> order(pages);
-        std::iota(order.begin(), order.end(), 0);
-        std::shuffle(order.begin(), order.end(), std::mt19937(7));
-        // Page order[j] holds keys [j * page, (j + 1) * page).
-        const auto index = torch::tensor(order, torch::kLong);
-        const auto paged = [&](const torch::Tensor& t) {
-          auto pool = torch::empty({pages, kv_heads, page, d}, t.options());
-          pool.index_copy_(0, index, t[0].view({kv_heads, pages, page, d}).transpose(0, 1));
-          return pool;
-        };
-        const auto key_pages = paged(k), value_pages = paged(v);
-        const auto table = index.view({1, pages});
+        const ShuffledPages pages(k, v, page);
+        const auto &key_pages = pages.keys, &value_pages = pages.values, &table = pages.table;
         const auto starts = torch::tensor({int64_t{0}, int64_t{1}});
         const auto lengths = torch::tensor({p});
         const auto packed_q = q[0].transpose(0, 1).contiguous();  // (1, H, d)
@@ -714,6 +726,20 @@ void bench_paged_decode() {
             type, kv_heads, p, all_threads / contiguous, bytes / all_threads / 1e6,
             bytes / all_threads / 1e6 / rate, one_thread / all_threads));
         if (dtype == torch::kFloat) {
+          // Pages of 128 tokens: a key/value head's rows of a page lie together, 64 KiB of them
+          // here, where 16 tokens' rows are 8 KiB.
+          const ShuffledPages large(k, v, 128);
+          const double large_pages = median_ms(
+              [&] {
+                F::paged_attention(packed_q, large.keys, large.values, starts, lengths, large.table,
+                                   options);
+              },
+              settings.repeats * 4);
+          record_rate("paged-decode", impl + ".paged_128", p, large_pages, bytes);
+          progress(
+              fmt::format("paged-decode {} kv{} {}: pages of 128 tokens / contiguous time = "
+                          "{:.3f}",
+                          type, kv_heads, p, large_pages / contiguous));
           // With a block mask (every key visible, so the same work): what reading its blocks
           // costs a step.
           const auto masked = F::ScaledDotProductAttentionOptions(options).block_mask(
@@ -727,7 +753,7 @@ void bench_paged_decode() {
           record_rate("paged-decode", impl + ".paged_block_mask", p, gathered, bytes);
           progress(fmt::format("paged-decode {} kv{} {}: with a block mask / without = {:.2f}",
                                type, kv_heads, p, gathered / all_threads));
-          bench_int8_decode(packed_q, k, v, index, options, all_threads);
+          bench_int8_decode(packed_q, k, v, pages.index, options, all_threads);
         }
       }
     }
