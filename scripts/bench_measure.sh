@@ -5,7 +5,9 @@
 #
 #   scripts/bench_measure.sh ATTENTION_BENCH OUT_DIR [--quick]
 #
-# Writes OUT_DIR/cpp.jsonl and OUT_DIR/python.jsonl. Python is $PYTHON (default /usr/bin/python3).
+# Writes OUT_DIR/cpp.jsonl and OUT_DIR/python.jsonl, and where Python has PyTorch 2.x the runs of
+# both sides forced to AVX2 in OUT_DIR/cpp_avx2.jsonl and OUT_DIR/python_avx2.jsonl. Python is
+# $PYTHON (default /usr/bin/python3).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bench=("$1")
@@ -40,7 +42,8 @@ then
 fi
 
 echo "bench_measure.sh: C++ ..." >&2
-"${bench[@]}" matmul article raschka raschka-train core-train decode dtypes >"$out/cpp.jsonl"
+"${bench[@]}" matmul article raschka raschka-train core-train decode dtypes paged-decode \
+  >"$out/cpp.jsonl"
 # bfloat16 once more on the widened route, for the side-by-side ratio of the bfloat16 products.
 ATTENTION_CPU_BF16=widened "${bench[@]}" dtypes >>"$out/cpp.jsonl"
 # One process per long-context run: each reports its own peak memory. Python's run of the same
@@ -68,6 +71,23 @@ done
 for t in "${python_train_lengths[@]}"; do
   "${python_bench[@]}" "long-train:$t" >>"$out/python.jsonl.tmp"
 done
+
+# The AVX2 route on both sides, where Python has PyTorch 2.x's fused attention to compare with:
+# the library's exponential passes, products and generated kernels capped at AVX2, PyTorch's
+# kernels, oneDNN's and OpenBLAS's at AVX2 (Haswell). Any AVX-512 processor runs it.
+if ((${#python_train_lengths[@]})); then
+  echo "bench_measure.sh: both sides forced to AVX2" >&2
+  avx2_lengths=(8192 32768)
+  if ((${#quick[@]})); then avx2_lengths=(512); fi
+  avx2=(env ATTENTION_CPU_VECTOR=avx2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2
+    DNNL_MAX_CPU_ISA=AVX2)
+  "${avx2[@]}" "${bench[@]}" core-train >"$out/cpp_avx2.jsonl"
+  "${avx2[@]}" "${python_bench[@]}" core-train >"$out/python_avx2.jsonl"
+  for t in "${avx2_lengths[@]}"; do
+    "${avx2[@]}" "${bench[@]}" "long:chunked:$t" >>"$out/cpp_avx2.jsonl"
+    "${avx2[@]}" "${python_bench[@]}" "long:$t" >>"$out/python_avx2.jsonl"
+  done
+fi
 
 echo "bench_measure.sh: Python ..." >&2
 "${python_bench[@]}" matmul article raschka raschka-train core-train >"$out/python.jsonl"

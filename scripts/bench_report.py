@@ -1,17 +1,17 @@
 #!/usr/bin/python3
 """Turns the records of scripts/bench.sh (OUT/cpp.jsonl, OUT/python.jsonl, and the same in
-OUT/libtorch2 when LibTorch 2 was measured too) into OUT/results.json, OUT/table.md (the targets
-with their ratios, then every measurement, a column group per LibTorch generation) and OUT/*.png
-plots."""
+OUT/libtorch2 when LibTorch 2 was measured too, with the runs forced to AVX2 there) into
+OUT/results.json, OUT/table.md (the targets with their ratios, then every measurement, a column
+group per LibTorch generation) and OUT/*.png plots."""
 
 import json
 import os
 import sys
 
 
-def load(out):
+def load(out, names=("cpp.jsonl", "python.jsonl")):
     records = []
-    for name in ("cpp.jsonl", "python.jsonl"):
+    for name in names:
         path = os.path.join(out, name)
         if os.path.exists(path):
             with open(path) as f:
@@ -41,7 +41,7 @@ def fmt(x, digits=2):
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def targets(records, second):
+def targets(records, second, avx2):
     rows = []
 
     def target(name, value, limit, at_most=True):
@@ -90,6 +90,8 @@ def targets(records, second):
     window_targets(records, second, target)
     dtype_targets(records, second, target)
     operator_targets(records, second, target)
+    int8_cache_targets(records, second, target)
+    avx2_targets(avx2, target)
     return rows
 
 
@@ -115,6 +117,44 @@ def operator_targets(records, second, target):
                 target(f"9. Python {v}: Raschka module {pass_}, attention_ops.MultiHeadAttention "
                        f"/ {what}",
                        ratio(rec("python.ops.mha", 1024, pass_), rec(impl, 1024, pass_)), 1.0)
+
+
+def int8_cache_targets(records, second, target):
+    """One sequence's decoding step over an 8-bit paged cache against the float32 step over the
+    same keys in the same run (attention-bench paged-decode): 8-bit codes and a float scale per
+    row are (d + 4) / (4 d) = 0.258 of float's bytes at d = 128, so a step bound by reading the
+    cache could take 0.26 of the time; the goal leaves room for the widening. With one key/value
+    head, 32 query rows share each key and the step is bound by arithmetic, not by bytes
+    (docs/SERVING.md)."""
+    for rs in [records] + ([second] if second else []):
+        v = version(rs)
+        steps = sorted((r for r in rs if r["group"] == "paged-decode"
+                        and r["impl"].startswith("cpp.int8.") and r["impl"].endswith(".paged")),
+                       key=lambda r: (r["impl"], r["T"]))
+        for r in steps:
+            heads = r["impl"].split(".")[2]
+            what = ("1 key/value head (bound by arithmetic)" if heads == "kv1"
+                    else f"{heads[2:]} key/value heads")
+            target(f"10. LibTorch {v}: decoding step at position {r['T']}, {what}, 8-bit paged "
+                   "cache / float32 (bytes 0.258)",
+                   ratio(r, find(rs, "paged-decode", f"cpp.float32.{heads}.paged", r["T"])), 0.4)
+
+
+def avx2_targets(avx2, target):
+    """Targets 6c and 6d once more with both sides on their AVX2 kernels (bench_measure.sh),
+    LibTorch and Python of the same generation."""
+    if not avx2:
+        return
+    v = version(avx2)
+    target(f"11. LibTorch {v}, both sides forced to AVX2: attention core forward+backward, "
+           f"Chunked / Python {v} F.scaled_dot_product_attention",
+           ratio(find(avx2, "core-train", "cpp.core.chunked"),
+                 find(avx2, "core-train", "python.core.sdpa")), 0.8)
+    for t in sorted({r["T"] for r in avx2 if r["group"] == "long"}):
+        target(f"11. LibTorch {v}, both sides forced to AVX2: long-context forward T={t}, "
+               f"Chunked / Python {v} F.scaled_dot_product_attention",
+               ratio(find(avx2, "long", "cpp.core.chunked", t),
+                     find(avx2, "long", "python.core.sdpa", t)), 0.8)
 
 
 def dtype_targets(records, second, target):
@@ -208,9 +248,9 @@ def cells(r):
     return [f"{fmt(r['ms'], 3)}{unit}", fmt(r["gflops"], 1), peak]
 
 
-def table(records, second):
+def table(records, second, avx2):
     lines = ["| target | measured | goal | |", "| --- | --- | --- | --- |"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(records, second)]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(records, second, avx2)]
     sets = [records] + ([second] if second else [])
     head = ["group", "implementation", "pass", "allocator", "T"]
     for rs in sets:
@@ -282,10 +322,15 @@ def plots(records, second, out):
 def main(out):
     records = load(out)
     second = load(os.path.join(out, "libtorch2"))
+    # The runs forced to AVX2: in the Debian 13 root's results, or here where Python is 2.x.
+    avx2_names = ("cpp_avx2.jsonl", "python_avx2.jsonl")
+    avx2 = load(os.path.join(out, "libtorch2"), avx2_names) or load(out, avx2_names)
+    for r in avx2:
+        r["route"] = "avx2"
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(records + second, f, indent=1)
+        json.dump(records + second + avx2, f, indent=1)
     with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(table(records, second))
+        f.write(table(records, second, avx2))
     plots(records, second, out)
     print(f"bench_report: {len(records) + len(second)} records; {out}/table.md and plots written")
 
