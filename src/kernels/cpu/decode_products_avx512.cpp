@@ -8,6 +8,7 @@
 #include "platform/cpu_features.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #if ATTENTION_HAS_SIMD_SOFTMAX
 #include <immintrin.h>
@@ -175,6 +176,26 @@ ATTENTION_AVX512 void values_avx512(const float* p, int64_t ld, int64_t rows,
 // read (the earlier form) took about twice the instructions, and the decoding step with an 8-bit
 // cache is bound by them where its codes are in the processor's caches.
 
+// Calls f(std::integral_constant<int, n>()) with n = min(4, count), count >= 1: a block of up to
+// four rows or vectors as a template argument, so its registers are known when it compiles.
+template <typename F>
+void up_to_four(int64_t count, const F& f) {
+  switch (std::min<int64_t>(4, count)) {
+    case 4:
+      f(std::integral_constant<int, 4>());
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>());
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>());
+      break;
+    default:
+      f(std::integral_constant<int, 1>());
+      break;
+  }
+}
+
 // Rows [0, Rows) against keys [0, cols), four keys at a time; acc[r * 4 + i] holds row r's
 // partial sums against key i, so one tree of shuffles (sum_each) gives the 16 scores.
 template <int Rows>
@@ -217,22 +238,9 @@ ATTENTION_AVX512 void scores_i8_avx512(const float* q, int64_t rows, int64_t d,
     return;
   }
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-    const float* block_q = q + r0 * d;
-    float* block_s = s + r0 * ld;
-    switch (std::min<int64_t>(4, rows - r0)) {
-      case 4:
-        scores_i8_block<4>(block_q, d, keys, key_scales, cols, block_s, ld);
-        break;
-      case 3:
-        scores_i8_block<3>(block_q, d, keys, key_scales, cols, block_s, ld);
-        break;
-      case 2:
-        scores_i8_block<2>(block_q, d, keys, key_scales, cols, block_s, ld);
-        break;
-      default:
-        scores_i8_block<1>(block_q, d, keys, key_scales, cols, block_s, ld);
-        break;
-    }
+    up_to_four(rows - r0, [&](auto block) {
+      scores_i8_block<block()>(q + r0 * d, d, keys, key_scales, cols, s + r0 * ld, ld);
+    });
   }
 }
 
@@ -269,20 +277,9 @@ template <int Rows>
 ATTENTION_AVX512 void values_i8_rows(const float* weights, int64_t cols,
                                      const int8_t* const* values, float* acc, int64_t dv) {
   for (int64_t c0 = 0; c0 < dv; c0 += 64) {
-    switch (std::min<int64_t>(4, (dv - c0) / 16)) {
-      case 4:
-        values_i8_block<Rows, 4>(weights, cols, values, c0, acc, dv);
-        break;
-      case 3:
-        values_i8_block<Rows, 3>(weights, cols, values, c0, acc, dv);
-        break;
-      case 2:
-        values_i8_block<Rows, 2>(weights, cols, values, c0, acc, dv);
-        break;
-      default:
-        values_i8_block<Rows, 1>(weights, cols, values, c0, acc, dv);
-        break;
-    }
+    up_to_four((dv - c0) / 16, [&](auto chunks) {
+      values_i8_block<Rows, chunks()>(weights, cols, values, c0, acc, dv);
+    });
   }
 }
 
@@ -307,21 +304,9 @@ ATTENTION_AVX512 void values_i8_avx512(const float* p, int64_t ld, int64_t rows,
           _mm512_store_ps(weights + r * kWeightKeys + j, _mm512_maskz_mul_ps(given, weight, scale));
         }
       }
-      float* block_acc = acc + r0 * dv;
-      switch (block) {
-        case 4:
-          values_i8_rows<4>(weights, m, values + j0, block_acc, dv);
-          break;
-        case 3:
-          values_i8_rows<3>(weights, m, values + j0, block_acc, dv);
-          break;
-        case 2:
-          values_i8_rows<2>(weights, m, values + j0, block_acc, dv);
-          break;
-        default:
-          values_i8_rows<1>(weights, m, values + j0, block_acc, dv);
-          break;
-      }
+      up_to_four(block, [&](auto block_rows) {
+        values_i8_rows<block_rows()>(weights, m, values + j0, acc + r0 * dv, dv);
+      });
     }
   }
 }
