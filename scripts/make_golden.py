@@ -57,6 +57,19 @@ def article_embedding():
     return embed(torch.tensor([dc[s] for s in words])).detach()
 
 
+def default_path(forward, mode):
+    """The kernel a case's backend takes on the CPU: the one it names, or Auto's choice for the
+    cases' small scores (Math for attention weights and in training, else the fused CPU kernels,
+    which Auto takes at every size in inference). A training case of large scores names its
+    path."""
+    backend = forward.get("backend", "auto")
+    if backend != "auto":
+        return {"math": "math", "chunked": "chunked_fused", "native": "native"}[backend]
+    if forward.get("need_weights") or mode == "train":
+        return "math"
+    return "chunked_fused"
+
+
 def case_list():
     """Every case: name, module, constructor args, input shapes, dtype, input magnitude."""
     cases = []
@@ -68,10 +81,12 @@ def case_list():
     # feeds the input through a KV cache (forward["sliding_cache"]: a SlidingKVCache of that
     # window), against Python's one forward over the whole input.
     def add(name, module, args, shapes, dtype="float32", magnitude=1.0, article=False,
-            forward=None, against="reference", mode="train", path="math"):
+            forward=None, against="reference", mode="train", path=None, computed_in=None):
+        forward = forward or {}
         cases.append(dict(name=name, module=module, args=args, shapes=shapes, dtype=dtype,
-                          magnitude=magnitude, article=article, forward=forward or {},
-                          against=against, mode=mode, path=path))
+                          magnitude=magnitude, article=article, forward=forward,
+                          against=against, mode=mode, path=path or default_path(forward, mode),
+                          computed_in=computed_in))
 
     # The article's own configurations, on its embedded sentence.
     add("article_self_attention", "SelfAttention", dict(d_in=3, d_out_kq=2, d_out_v=4), [[6, 3]],
@@ -188,7 +203,7 @@ def case_list():
         dict(d_in=8, d_out_kq=4, d_out_v=3, num_heads=3), [[2, 9, 8]], mode="inference",
         path="direct")
     add("inference_self_T128", "SelfAttention", dict(d_in=5, d_out_kq=3, d_out_v=4),
-        [[1, 128, 5]], mode="inference", path="math")
+        [[1, 128, 5]], mode="inference")
     add("mha_inference_T1024_causal", "MultiHeadAttention", mha(16, 32, 4, context_length=1024),
         [[1, 1024, 16]], mode="inference", path="chunked_fused")
     add("mha_inference_T1100_gqa_padding", "MultiHeadAttention",
@@ -204,9 +219,9 @@ def case_list():
     add("mha_train_math", "MultiHeadAttention", mha(8, 8, 2, num_kv_heads=1), [[2, 6, 8]],
         forward=dict(backend="math"), path="math")
     add("mha_decode_token_by_token", "MultiHeadAttention", mha(8, 16, 4, num_kv_heads=2),
-        [[2, 12, 8]], forward=dict(decode=[1] * 12), mode="inference", path="math")
+        [[2, 12, 8]], forward=dict(decode=[1] * 12), mode="inference")
     add("mha_decode_chunks_float64", "MultiHeadAttention", mha(8, 8, 2), [[1, 40, 8]], "float64",
-        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference", path="math")
+        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
 
     # Sliding windows, soft-capping, ALiBi and causal alignment (MultiHeadAttentionOptions'
     # sliding_window, softcap, alibi, causal_alignment): Math on short sequences, the fused
@@ -244,7 +259,7 @@ def case_list():
         forward=dict(backend="chunked"), path="chunked_fused")
     add("variant_window_gqa_decode_chunks", "MultiHeadAttention",
         mha(8, 16, 4, num_kv_heads=2, sliding_window=7, alibi=True), [[1, 40, 8]], "float64",
-        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference", path="math")
+        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
 
     # Rotary position embeddings (MultiHeadAttentionOptions::rope): both layouts, partial,
     # Llama 3.1's scaling, and with GQA, a window and a KV cache decoding in chunks.
@@ -256,7 +271,7 @@ def case_list():
     add("rope_llama3_gqa_window_decode", "MultiHeadAttention",
         mha(8, 32, 4, num_kv_heads=2, sliding_window=7, rope_theta=500000.0,
             llama3_scaling=[8.0, 1.0, 4.0, 16.0]), [[2, 40, 8]], "float64",
-        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference", path="math")
+        forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
     add("rope_window_chunked_T1024_float64", "MultiHeadAttention",
         mha(8, 16, 4, num_kv_heads=2, context_length=1024, sliding_window=256,
             rope_theta=10000.0, llama3_scaling=[8.0, 1.0, 4.0, 64.0]), [[1, 1024, 8]], "float64",
@@ -274,7 +289,7 @@ def case_list():
     add("rope_llama3_gqa_window_sliding_cache_decode", "MultiHeadAttention",
         mha(8, 32, 4, num_kv_heads=2, sliding_window=7, rope_theta=500000.0,
             llama3_scaling=[8.0, 1.0, 4.0, 16.0]), [[2, 40, 8]], "float64",
-        forward=dict(decode=[1, 7, 16, 3, 13], sliding_cache=7), mode="inference", path="math")
+        forward=dict(decode=[1, 7, 16, 3, 13], sliding_cache=7), mode="inference")
 
     varlen_cases(cases, add, mha)
     paged_cases(cases, add, mha)
@@ -312,7 +327,7 @@ def varlen_cases(cases, add, mha):
            [300, 17, 0, 700, 1], "float64", backend="chunked", path="chunked_fused")
     packed("varlen_auto_chunked_float32", mha(8, 16, 4, context_length=900), [600, 900, 40],
            path="chunked_fused", mode="inference")
-    packed("varlen_auto_small_math", mha(8, 8, 2), [3, 9, 1], path="math")
+    packed("varlen_auto_small_math", mha(8, 8, 2), [3, 9, 1])
     packed("varlen_window_softcap_alibi_sinks_chunked_float64",
            mha(8, 16, 4, num_kv_heads=2, context_length=513, sliding_window=37, softcap=2.0,
                alibi=True, sinks=True), [200, 513, 64, 0, 3], "float64", magnitude=3.0,
@@ -574,16 +589,23 @@ def deltanet_cases(cases, add):
         own_kernel_case(cases, add, names, 4700, name, "GatedDeltaNet", args, shape, dtype, **kw)
 
     names = []
+    # The float32 cases' outputs and gradients are the float64 loop's on their float32 weights and
+    # inputs, rounded: with the book's decay rates (A up to 16) the float32 loop's own rounding
+    # puts its gradients up to 4e-5 off the float64 truth, as far as the fused kernel's are on
+    # the other side, so two float32 results could differ by twice float32's tolerance while each
+    # is as accurate as float32 allows.
     for dtype in ("float32", "float64"):
-        net(f"deltanet_T6_{dtype}", 8, 8, 2, [2, 6, 8], dtype)
-        net(f"deltanet_bias_T37_{dtype}", 12, 16, 4, [2, 37, 12], dtype, qkv_bias=True)
+        wide = "float64" if dtype == "float32" else None
+        net(f"deltanet_T6_{dtype}", 8, 8, 2, [2, 6, 8], dtype, computed_in=wide)
+        net(f"deltanet_bias_T37_{dtype}", 12, 16, 4, [2, 37, 12], dtype, qkv_bias=True,
+            computed_in=wide)
     net("deltanet_math_T37", 12, 16, 4, [2, 37, 12], "float64", forward=dict(backend="math"))
-    net("deltanet_T1", 8, 32, 4, [3, 1, 8])
+    net("deltanet_T1", 8, 32, 4, [3, 1, 8], computed_in="float64")
     # Saturated gates in float64: in float32 the gradients of W_query and W_key through the L2
     # normalization of such inputs are off the float64 truth by up to 6e-5 relative, in Python's
     # loop and in the fused kernel alike, beyond float32's tolerance of the comparison.
     net("deltanet_saturated_float64", 8, 8, 2, [2, 6, 8], "float64", magnitude=30.0)
-    net("deltanet_T300_head64", 16, 128, 2, [1, 300, 16])
+    net("deltanet_T300_head64", 16, 128, 2, [1, 300, 16], computed_in="float64")
     net("deltanet_decode_token_by_token", 8, 16, 4, [2, 12, 8],
         forward=dict(decode=[1] * 12), mode="inference")
     net("deltanet_bias_decode_chunks_float64", 8, 16, 2, [2, 40, 8], "float64", qkv_bias=True,
@@ -807,15 +829,31 @@ def run_case(case):
     if case["module"] == "MultiHeadAttention":
         masks = make_masks(case, float_inputs)
         output, weights, grads = run_mha(case, module, float_inputs, masks)
+    elif case.get("computed_in"):
+        # Computed in a wider dtype on the case's weights and inputs, then rounded to them.
+        masks = {}
+        wide_dtype = DTYPES[case["computed_in"]]
+        wide = copy.deepcopy(module).to(wide_dtype)
+        wide_inputs = [t.detach().to(wide_dtype).requires_grad_() for t in float_inputs.values()]
+        wide_output = wide(*wide_inputs)
+        output = wide_output.detach().to(dtype)
+        torch.manual_seed(case["seed"] + 2)
+        grad_output = torch.randn(output.shape, dtype=torch.float64).to(dtype)
+        wide_output.backward(grad_output.to(wide_dtype))
+        for t, w in zip(float_inputs.values(), wide_inputs):
+            t.grad = w.grad.to(dtype)
+        grads = lambda: {n: p.grad.to(dtype) if p.grad is not None  # noqa: E731
+                         else torch.zeros_like(p) for n, p in wide.named_parameters()}
     else:
         masks = {}
         output = module(*float_inputs.values())
         # A parameter the output does not use (a KV-sharing reader's W_key) has no gradient: 0.
         grads = lambda: {n: p.grad if p.grad is not None else torch.zeros_like(p)  # noqa: E731
                          for n, p in module.named_parameters()}
-    torch.manual_seed(case["seed"] + 2)
-    grad_output = torch.randn(output.shape, dtype=torch.float64).to(dtype)
-    output.backward(grad_output)
+    if not case.get("computed_in"):
+        torch.manual_seed(case["seed"] + 2)
+        grad_output = torch.randn(output.shape, dtype=torch.float64).to(dtype)
+        output.backward(grad_output)
 
     tensors = {}
     for name, t in float_inputs.items():
@@ -829,7 +867,21 @@ def run_case(case):
     tensors["grad_output"] = grad_output
     for name, g in grads().items():
         tensors[f"grad.{name}"] = g.detach().clone()
+    if case.get("computed_in"):
+        case["tolerance"] = tolerance_of_own_dtype(case, tensors)
     return module, tensors
+
+
+def tolerance_of_own_dtype(case, wide_tensors):
+    """The tolerance of a case computed in a wider dtype: the dtype's own, or twice as far as the
+    reference class computed in the case's dtype falls from the wide result, whichever is larger
+    (a C++ result as accurate as Python's own in that dtype passes; one twice as far off fails)."""
+    narrow_case = dict(case, computed_in=None)
+    _, narrow = run_case(narrow_case)
+    off = max(float((narrow[k].double() - t.double()).abs().max()) if t.numel() else 0.0
+              for k, t in wide_tensors.items() if t.is_floating_point())
+    base = TOLERANCE[case["dtype"]]
+    return {"atol": max(base["atol"], 2 * off), "rtol": base["rtol"]}
 
 
 def write(out_dir):
@@ -855,9 +907,10 @@ def write(out_dir):
             "against": case["against"],
             "mode": case["mode"],
             "path": case["path"],
+            "computed_in": case["computed_in"] or case["dtype"],
             "shapes": {k: list(v.shape) for k, v in tensors.items()},
             "input_magnitude": case["magnitude"],
-            "tolerance": TOLERANCE[case["dtype"]],
+            "tolerance": case.get("tolerance", TOLERANCE[case["dtype"]]),
             "weights": f"{name}.pt",
             "state_dict": f"{name}.state_dict.pt",
             "safetensors": f"{name}.safetensors",

@@ -562,7 +562,7 @@ class GatedDeltaNet(nn.Module):
         self.W_beta = nn.Linear(d_in, d_out, bias=False)
         self.W_alpha = nn.Linear(d_in, num_heads, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(num_heads))
-        self.A_log = nn.Parameter(torch.zeros(num_heads))
+        self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(0, 16)))
         self.norm = RMSNorm(self.head_dim, eps=1e-6)
         self.out_proj = nn.Linear(d_out, d_out)
         self.dropout = nn.Dropout(dropout)

@@ -46,3 +46,4 @@ tail -n 1 "$BUILD_DIR/demo.log"
 
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS")
 "$ROOT/scripts/check_package.sh"
+"$ROOT/scripts/check_pip.sh"

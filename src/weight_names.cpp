@@ -182,7 +182,20 @@ NamedTensors rename_all(NamedTensors file, const LoadOptions::NameMap& map,
   out.reserve(file.size());
   std::map<std::string, std::string> origin;
   for (auto& [name, tensor] : file) {
-    std::string renamed = map(name);
+    // The caller's function: whatever it throws leaves as a c10::Error naming the file and the
+    // name (a c10::Error of its own as it is); nothing of the module has changed yet.
+    std::string renamed;
+    try {
+      renamed = map(name);
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, detail::kLoadWeights, ": '", source, "': the rename function threw on '",
+                  name, "': ", e.what());
+    } catch (...) {
+      TORCH_CHECK(false, detail::kLoadWeights, ": '", source, "': the rename function threw on '",
+                  name, "': an exception of a type not derived from std::exception");
+    }
     TORCH_CHECK_VALUE(!renamed.empty(), detail::kLoadWeights, ": '", source, "': rename maps '",
                       name, "' to an empty name");
     auto [it, inserted] = origin.emplace(renamed, name);

@@ -12,7 +12,13 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -197,18 +203,39 @@ void save_weights(const torch::nn::Module& module, const std::string& path) {
   const std::string bytes = ends_with(path, ".safetensors")
                                 ? serialize_safetensors(module_tensors(module))
                                 : serialization::write_torch_save(module_tensors(module));
-  // Written beside the target and renamed over it, so that a failed write never leaves a
-  // truncated weight file behind.
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    TORCH_CHECK(out, "attention::save_weights: cannot write '", partial, "'");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    TORCH_CHECK(out.good(), "attention::save_weights: writing '", partial, "' failed");
+  // Written beside the target under a name of its own, then renamed over it: a failed write never
+  // leaves a truncated weight file behind, and two saves to one path at once (threads or
+  // processes) each rename a whole file of their own, the last one winning. The name is the
+  // process's and a counter's; O_EXCL makes sure it is new, and the mode an ordinary new file's
+  // (0666 less the umask).
+  static std::atomic<uint64_t> saves{0};
+  std::string partial;
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    partial = fmt::format("{}.partial.{}.{}", path, ::getpid(), saves.fetch_add(1));
+    fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
   }
+  TORCH_CHECK(fd >= 0, "attention::save_weights: cannot write '", partial,
+              "': ", std::strerror(errno));
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
+  }
+  const bool closed = ::close(fd) == 0;
   std::error_code ec;
+  if (written != bytes.size() || !closed) {
+    std::filesystem::remove(partial, ec);
+    TORCH_CHECK(false, "attention::save_weights: writing '", partial, "' failed");
+  }
   std::filesystem::rename(partial, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
+  }
   TORCH_CHECK(!ec, "attention::save_weights: cannot move '", partial, "' to '", path,
               "': ", ec.message());
 }

@@ -376,4 +376,20 @@ TEST_CASE("BlockMask: bad input is refused by name", "[block_mask][bad_input]") 
   CHECK_THROWS_C10(BlockMask::from_function(throws_late, 1, 2, 8, 8, 4), c10::Error,
                    "BlockMask::from_function: the mask function threw at block (b=0, h=1, query "
                    "block 1, key block 0), query 5, key 2: no rule for this pair");
+  // Whatever it throws (here an int, not a std::exception) leaves as a c10::Error: while the
+  // blocks are classified, and while a partial block's pairs are asked (a causal function seen
+  // to be partial at its first query, before it reaches query 3, key 3).
+  const auto throws_int = [](int64_t, int64_t, int64_t, int64_t) -> bool { throw 42; };
+  CHECK_THROWS_C10(BlockMask::from_function(throws_int, 1, 2, 8, 8, 4), c10::Error,
+                   "BlockMask::from_function: the mask function threw at block (b=0, h=0, query "
+                   "block 0, key block 0), query 0, key 0: an exception of a type not derived "
+                   "from std::exception");
+  const auto throws_int_late = [](int64_t, int64_t, int64_t q, int64_t kv) -> bool {
+    if (q == 3 && kv == 3) throw 42;
+    return kv <= q;
+  };
+  CHECK_THROWS_C10(BlockMask::from_function(throws_int_late, 1, 1, 8, 8, 4), c10::Error,
+                   "BlockMask::from_function: the mask function threw at block (b=0, h=0, query "
+                   "block 0, key block 0), query 3, key 3: an exception of a type not derived "
+                   "from std::exception");
 }

@@ -6,10 +6,14 @@
 #include <attention/gated_delta_net.h>
 #include <attention/gated_delta_rule.h>
 
+#include "golden/harness.h"
 #include "helpers.h"
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <fstream>
+#include <iterator>
 #include <vector>
 
 namespace {
@@ -151,6 +155,32 @@ TEST_CASE("Gated delta rule: bfloat16 is computed in float and rounded once", "[
   // One rounding of the result: half a bfloat16 unit of the largest output.
   const double bound = reference.output.abs().max().item<double>() * std::pow(2.0, -8);
   CHECK(max_abs_diff(f(o.output), reference.output) <= bound);
+}
+
+TEST_CASE("GatedDeltaNet: one seed gives the book's current weights, A_log = log U(0, 16)",
+          "[deltanet]") {
+  // The book's class at rasbt/LLMs-from-scratch 28c65cd draws A_log as log(uniform_(0, 16))
+  // (since its commit 7d92267, November 2025) after dt_bias and before norm and out_proj; the
+  // golden case's weights were written by scripts/reference.py's stand-in of that class after
+  // torch.manual_seed(case seed).
+  for (const auto& c : golden::read_manifest(golden::directory())) {
+    if (c.name != "deltanet_T6_float64") continue;
+    std::ifstream in(c.state_dict_path, std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
+    const auto python = torch::pickle_load(bytes).toGenericDict();
+    const auto seeded = golden::make_module(c);
+    const auto mine = seeded.module->named_parameters();
+    for (const char* name : {"A_log", "dt_bias", "W_alpha.weight", "out_proj.weight"}) {
+      INFO(name);
+      CHECK(torch::equal(mine[name], python.at(name).toTensor()));
+    }
+    // Rates in (0, 16): no head starts without decay, as the zeros of earlier versions did.
+    CHECK((mine["A_log"] < std::log(16.0)).all().item<bool>());
+    CHECK(mine["A_log"].abs().min().item<double>() > 0);
+    return;
+  }
+  FAIL("the golden case deltanet_T6_float64 is missing");
 }
 
 TEST_CASE("GatedDeltaNet: decoding through its state equals one forward", "[deltanet]") {

@@ -22,7 +22,11 @@ TEST_CASE("golden cases", "[.golden]") {
     INFO("golden case " << c.name);
     auto m = golden::make_module(c);
 
-    // Same seed, same weights: loading Python's file must change nothing.
+    // Same seed, same weights: loading Python's file must change nothing. Python's modules are
+    // the project's stand-ins of the book's classes (scripts/reference.py), which follow
+    // rasbt/LLMs-from-scratch at commit 28c65cd (GatedDeltaNet's A_log drawn as log U(0, 16)
+    // since the book's commit 7d92267); scripts/check_book_classes.py compares them with the
+    // book's own classes.
     const auto seeded = snapshot(*m.module);
     const auto report = attention::load_weights(*m.module, c.weights_path);
     CHECK(report.loaded.size() == seeded.size());

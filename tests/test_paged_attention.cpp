@@ -516,14 +516,14 @@ TEST_CASE("scaled_dot_product_attention: a decoding step reads the cache as page
   at::set_num_threads(threads);
 }
 
-TEST_CASE("scaled_dot_product_attention: Auto decodes through the paged kernel from 256 keys",
+TEST_CASE("scaled_dot_product_attention: Auto decodes through the paged kernel at any length",
           "[paged]") {
   torch::NoGradGuard no_grad;
   const auto q = torch::randn({1, 4, 1, 16});
-  for (const int64_t keys : {F::kAutoDecodeKeys - 1, F::kAutoDecodeKeys}) {
+  for (const int64_t keys : {int64_t{1}, F::kAutoDecodeKeys - 1, F::kAutoDecodeKeys}) {
     const auto k = torch::randn({1, 2, keys, 16});
     const auto out = F::scaled_dot_product_attention(q, k, k, O().is_causal(true)).output;
-    CHECK(F::last_path() == (keys >= F::kAutoDecodeKeys ? F::Path::ChunkedFused : F::Path::Math));
+    CHECK(F::last_path() == F::Path::ChunkedFused);
     const auto expected =
         F::scaled_dot_product_attention(q, k, k, O().is_causal(true).backend(F::Backend::Math))
             .output;
@@ -543,5 +543,5 @@ TEST_CASE("scaled_dot_product_attention: Auto decodes through the paged kernel f
   F::scaled_dot_product_attention(q, k, k, O().need_weights(true));
   CHECK(F::last_path() == F::Path::Math);
   F::scaled_dot_product_attention(torch::randn({1, 4, 9, 16}), k, k, O().is_causal(true));
-  CHECK(F::last_path() == F::Path::Math);  // 2 x 9 rows per key/value head, 10800 scores
+  CHECK(F::last_path() == F::Path::ChunkedFused);  // Chunked's tiles: 2 x 9 rows per key/value head
 }

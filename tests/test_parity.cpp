@@ -152,6 +152,22 @@ TEST_CASE("parity: a forward with the wrong number of outputs, or none recording
   REQUIRE(detached.mismatches.size() == 1);
   CHECK(detached.mismatches[0].problem ==
         "the case holds gradients, but no output of the forward records one");
+  // A forward that throws: a c10::Error naming the case, whatever it threw.
+  CHECK_THROWS_C10(
+      check_parity(*block, recorded,
+                   [](const std::vector<torch::Tensor>&) -> std::vector<torch::Tensor> {
+                     throw std::logic_error("not yet");
+                   }),
+      c10::Error,
+      "attention::testing::check_parity: the forward threw on case 'block_float64': "
+      "not yet");
+  CHECK_THROWS_C10(
+      check_parity(
+          *block, recorded,
+          [](const std::vector<torch::Tensor>&) -> std::vector<torch::Tensor> { throw 42; }),
+      c10::Error,
+      "the forward threw on case 'block_float64': an exception of a type not derived "
+      "from std::exception");
   CHECK_THROWS_C10(check_parity(*block, recorded, forward_of(block),
                                 attention::testing::ParityOptions().rtol(-1.0)),
                    c10::ValueError,

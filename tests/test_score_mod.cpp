@@ -303,19 +303,43 @@ TEST_CASE("score_mod: bad input is refused by name", "[score_mod][bad_input]") {
                    "tensor");
   const ScoreMod boolean([](const torch::Tensor& s, const ScoreTile&) { return s > 0; });
   CHECK_THROWS_C10(sdpa(boolean, F::Backend::Math), c10::Error, "got Bool of shape (40, 50)");
-  // A derivative that throws, in backward.
+  // Whatever the function throws leaves as a c10::Error naming the tile, on every route and
+  // thread: an int is no std::exception.
+  const ScoreMod throws_int([](const torch::Tensor& s, const ScoreTile& t) {
+    if (t.head == 1) throw 42;
+    return s;
+  });
+  for (const auto backend : {F::Backend::Chunked, F::Backend::Math}) {
+    CHECK_THROWS_C10(sdpa(throws_int, backend), c10::Error,
+                     ": an exception of a type not derived from std::exception");
+    test::with_threads(2, [&] {
+      CHECK_THROWS_C10(sdpa(throws_int, backend), c10::Error,
+                       "the score_mod function failed on the tile of batch ");
+    });
+  }
+  // A derivative that throws, in backward: a std::exception, or anything else (an int).
+  const auto identity = [](const torch::Tensor& s, const ScoreTile&) { return s; };
   const ScoreMod bad_derivative(
-      [](const torch::Tensor& s, const ScoreTile&) { return s; },
-      [](const torch::Tensor&, const torch::Tensor&, const ScoreTile&) -> torch::Tensor {
+      identity, [](const torch::Tensor&, const torch::Tensor&, const ScoreTile&) -> torch::Tensor {
         throw std::runtime_error("not differentiable here");
       });
-  for (const auto backend : {F::Backend::Math, F::Backend::Chunked}) {
-    auto leaf = q.clone().requires_grad_();
-    auto out = F::scaled_dot_product_attention(leaf, k, k,
-                                               Options().score_mod(bad_derivative).backend(backend))
-                   .output;
-    CHECK_THROWS_C10(out.sum().backward(), c10::Error,
-                     "the score_mod derivative failed on the tile of batch ");
+  const ScoreMod int_derivative(
+      identity, [](const torch::Tensor&, const torch::Tensor&, const ScoreTile&) -> torch::Tensor {
+        throw 42;
+      });
+  for (const auto& [mod, says] : {std::pair{bad_derivative, "not differentiable here"},
+                                  {int_derivative, "not derived from std::exception"}}) {
+    for (const auto backend : {F::Backend::Math, F::Backend::Chunked}) {
+      const auto backward = [&, mod = mod, backend = backend] {
+        auto leaf = q.clone().requires_grad_();
+        F::scaled_dot_product_attention(leaf, k, k, Options().score_mod(mod).backend(backend))
+            .output.sum()
+            .backward();
+      };
+      CHECK_THROWS_C10(backward(), c10::Error,
+                       "the score_mod derivative failed on the tile of batch ");
+      CHECK_THROWS_C10(backward(), c10::Error, says);
+    }
   }
   // Training without a derivative.
   const ScoreMod forward_only([](const torch::Tensor& s, const ScoreTile&) { return s; });

@@ -264,6 +264,22 @@ TEST_CASE("load_weights: rename() by rules or by a function", "[weights][torch_s
         return std::string();
       })),
       c10::ValueError, "rename maps 'model.layers.0.self_attn.q_proj.weight' to an empty name");
+  // Whatever the caller's function throws leaves as a c10::Error naming the name, the module as
+  // it was.
+  CHECK_THROWS_C10(
+      attention::load_weights(*by_function, path, LoadOptions().rename([](const std::string& n) {
+        if (n.find("k_proj") != std::string::npos) throw std::out_of_range("no key here");
+        return n;
+      })),
+      c10::Error,
+      "the rename function threw on 'model.layers.0.self_attn.k_proj.weight': no key here");
+  CHECK_THROWS_C10(
+      attention::load_weights(
+          *by_function, path,
+          LoadOptions().rename([](const std::string&) -> std::string { throw 42; })),
+      c10::Error,
+      "the rename function threw on 'model.layers.0.self_attn.q_proj.weight': an exception of a "
+      "type not derived from std::exception");
   CHECK(unchanged(*by_function, before));
 }
 

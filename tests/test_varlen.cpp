@@ -239,9 +239,21 @@ TEST_CASE("varlen: the path each backend takes", "[varlen]") {
   CHECK(call(Backend::Math) == F::Path::Math);
   CHECK(call(Backend::Chunked) == F::Path::ChunkedFused);
   CHECK(call(Backend::Native) == F::Path::Native);
-  // Auto counts the scores of the sequences, 8 x (100^2 + 300^2 + 7^2) < 2^20, not those of one
-  // sequence of 407 tokens, 8 x 407^2 > 2^20: Math.
-  CHECK(call(Backend::Auto) == F::Path::Math);
+  // In inference Auto takes the fused CPU kernels at any size. In training it counts the scores of
+  // the sequences, 8 x (100^2 + 300^2 + 7^2) < 2^20, not those of one sequence of 407 tokens,
+  // 8 x 407^2 > 2^20: Math.
+  CHECK(call(Backend::Auto) == F::Path::ChunkedFused);
+  {
+    const auto leaf = q.clone().requires_grad_();
+    F::varlen_attention(leaf, k, v, cu, cu, Options().is_causal(true));
+    CHECK(F::last_path() == F::Path::Math);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    const auto tiny = torch::randn({3, 2, 4});
+    F::varlen_attention(tiny, tiny, tiny, offsets_of({1, 2}), offsets_of({1, 2}));
+    CHECK(F::last_path() == F::Path::ChunkedFused);
+  }
   auto long_q = torch::randn({1100, 4, 16});
   F::varlen_attention(long_q, long_q, long_q, offsets_of({100, 1000}), offsets_of({100, 1000}));
   CHECK(F::last_path() == F::Path::ChunkedFused);

@@ -43,6 +43,10 @@ constexpr int64_t kDefaultMaskBlock = 128;
 /// MultiHeadAttention's forward options): the fused CPU kernels skip its empty blocks and mask
 /// nothing in its full ones; every other route computes from to_attn_mask().
 ///
+/// Thread safety: the member functions are const and the blocks are written only while the mask
+/// is made, so any number of threads and attention calls may read one mask (and its copies) at
+/// once. Making one (from_function(), &, |) calls mask functions from several threads at once.
+///
 /// Example:
 /// \code
 /// using attention::BlockMask;

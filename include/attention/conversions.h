@@ -15,6 +15,9 @@ namespace attention {
 /// W_query, W_key, W_value, an identity out_proj, causal off. Needs d_out_kq == d_out_v (the
 /// fused module has one head size). Throws c10::ValueError otherwise.
 ///
+/// Thread safety: this function, to_torch() and from_torch() only read their argument, so they
+/// may run while other threads call its forward, not while one writes it.
+///
 /// Example:
 /// \code
 /// torch::manual_seed(123);

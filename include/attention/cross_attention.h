@@ -35,6 +35,10 @@ struct CrossAttentionOptions {
 /// (B, T_q, d_in), x_2 (T_kv, d_in_kv) or (B, T_kv, d_in_kv) with the same rank and batch size;
 /// the output is (..., T_q, d_out_v).
 ///
+/// Thread safety: forward() keeps nothing in the module (it only reads the parameters), so one
+/// instance may serve several threads at once; eval(), train(), to(), reset() and load_weights()
+/// need the module to themselves (docs/THREADS.md).
+///
 /// Example:
 /// \code
 /// torch::manual_seed(123);

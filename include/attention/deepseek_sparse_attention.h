@@ -63,6 +63,10 @@ struct DeepSeekSparseAttentionOptions {
 /// cache keeps: the book's cache keeps the inputs themselves and projects every index key again
 /// at each step.
 ///
+/// Thread safety: forward() keeps nothing in the module (the indexer's score buffers belong to
+/// the call), so one instance may serve several threads at once, each with its own
+/// SparseAttentionCache; eval(), train(), to(), reset() and load_weights() need it to themselves.
+///
 /// Example:
 /// \code
 /// attention::DeepSeekSparseAttention dsa(

@@ -26,7 +26,8 @@ namespace attention {
 ATTENTION_API std::string format_tensor(const at::Tensor& tensor, int precision = 4);
 
 /// The shape as PyTorch's `print(t.shape)` shows it: `torch.Size([6, 3])`. Throws
-/// c10::ValueError for an undefined tensor, which has no shape.
+/// c10::ValueError for an undefined tensor, which has no shape. Thread safety: this function and
+/// format_tensor() keep no state; any number of calls may run at once.
 ATTENTION_API std::string format_shape(const at::Tensor& tensor);
 
 }  // namespace attention

@@ -18,9 +18,11 @@ namespace functional {
 
 /// Which implementation computes the attention.
 enum class Backend {
-  /// Math when attention weights or dropout are requested or the scores are small; for larger
-  /// scores (see kAutoChunkedScores) Chunked, in inference and in training, on every LibTorch;
-  /// on the CPU, a decoding step with at least kAutoDecodeKeys keys takes the fused route too.
+  /// Math when attention weights, dropout or a mask's gradient are requested. Otherwise, on every
+  /// LibTorch: in inference on the fused CPU kernels (CPU float, double and bfloat16) Chunked at
+  /// every size (ahead of Math from one query and one key up); in training and off those kernels,
+  /// Chunked for scores of at least kAutoChunkedScores, Math below (in training Math's backward is
+  /// exact where a softmax saturates; the fused backward is accurate to rounding of its terms).
   Auto,
   /// softmax(Q Kᵀ · scale + mask) V on whole score matrices, exactly as the article writes it.
   Math,
@@ -52,9 +54,12 @@ enum class Path {
 /// The kernel that computed the calling thread's most recent scaled_dot_product_attention() or
 /// projected_attention() call (or gated_delta_rule(): Math for its recurrence in ops,
 /// ChunkedFused for its CPU kernel), for diagnostics and for tests that must know which path ran.
+/// Thread safety: a thread_local, so calls on other threads never change what this one reads.
 ATTENTION_API Path last_path();
 
-/// Auto picks Chunked when the scores (..., H, Tq, Tk) would hold at least this many elements.
+/// In training, and off the fused CPU kernels, Auto picks Chunked when the scores (..., H, Tq, Tk)
+/// would hold at least this many elements; in inference on those kernels it picks Chunked at any
+/// size.
 constexpr int64_t kAutoChunkedScores = int64_t{1} << 20;
 
 /// Auto also takes the fused CPU route for a decoding step (one query per head, or at most 16
@@ -99,7 +104,7 @@ struct ScaledDotProductAttentionOptions {
   TORCH_ARG(c10::optional<int64_t>, window_right) = c10::nullopt;
   /// ALiBi: one slope m_h per query head (H,), adding -m_h * |pos(i) - j| to the scaled scores of
   /// head h (Press et al.; flash-attn's `alibi_slopes`). See alibi_slopes() for the standard ones.
-  /// Constants: no gradient flows to them.
+  /// On the queries' device or the CPU. Constants: no gradient flows to them.
   TORCH_ARG(torch::Tensor, alibi_slopes) = {};
   /// A relative position bias table (num_buckets, H) of the queries' dtype and device (T5's
   /// `relative_attention_bias.weight`): relative_bias[bucket(j - pos(i)), h] is added to the
@@ -182,6 +187,10 @@ struct AttentionOutput {
 /// mismatched or unsupported dtypes, c10::Error for mismatched devices and for what the chosen
 /// backend cannot do (the message names the backend).
 ///
+/// Thread safety: any number of calls may run at once, on the same inputs too: a call reads its
+/// arguments, writes only tensors it allocates, and shares nothing but the process's locked
+/// caches (docs/THREADS.md). A score_mod is called from several threads at once.
+///
 /// Example:
 /// \code
 /// namespace F = attention::functional;
@@ -204,7 +213,8 @@ ATTENTION_API AttentionOutput scaled_dot_product_attention(
 /// before anything is computed (the same errors as scaled_dot_product_attention, plus those of
 /// the projections). Tiny CPU inputs that need no gradient (at most 64 tokens and features, no
 /// mask, dropout or weights, Backend::Auto) skip LibTorch's per-op dispatch and are computed
-/// directly (Path::Direct); the result agrees with the general path to rounding.
+/// directly (Path::Direct); the result agrees with the general path to rounding. Thread safety:
+/// as scaled_dot_product_attention().
 ///
 /// Example:
 /// \code
@@ -244,13 +254,14 @@ ATTENTION_API torch::Tensor projected_attention(
 /// of draft tokens over each sequence's prefix, documents inside each sequence). attn_mask and
 /// need_weights are refused by name (a mask over the packed tokens would be quadratic in the
 /// whole batch; call scaled_dot_product_attention per sequence for masks and weights). Auto picks
-/// Math for small problems (fewer than kAutoChunkedScores scores over all sequences) or dropout,
-/// else Chunked, whose fused CPU kernels compute every sequence in one parallel pass, forward and
+/// as scaled_dot_product_attention's does (kAutoChunkedScores counted over all sequences): Chunked
+/// on the fused CPU kernels, which compute every sequence in one parallel pass, forward and
 /// backward.
 ///
 /// Throws c10::ValueError for shapes, offsets and option values, c10::TypeError for dtypes (of the
 /// offsets too), c10::Error for devices and for what the chosen backend cannot do; every message
-/// names this function, what it expected and what it got.
+/// names this function, what it expected and what it got. Thread safety: as
+/// scaled_dot_product_attention().
 ///
 /// Example:
 /// \code

@@ -42,6 +42,9 @@ struct GatedDeltaNetOptions {
 /// matrix per batch row and head, whatever the number of tokens seen. Empty until the first call
 /// that uses it; a refused call leaves it as it was.
 ///
+/// Thread safety: none inside. One thread at a time uses a state (forward() replaces its tensor);
+/// state() returns a reference to it, so copy the tensor to read it on another thread.
+///
 /// Example:
 /// \code
 /// attention::GatedDeltaNet net(64, 64, 4);
@@ -85,10 +88,15 @@ class GatedDeltaNetState {
 /// Parameters, created in the book's order with LibTorch's initialization (the same seed gives
 /// the book's weights, and its state dicts load by name): `W_query`, `W_key`, `W_value` (d_in ->
 /// d_out), `W_gate`, `W_beta` (d_in -> d_out, no bias), `W_alpha` (d_in -> num_heads, no bias),
-/// `dt_bias` (ones), `A_log` (zeros), `norm.weight` (ones), `out_proj` (d_out -> d_out).
+/// `dt_bias` (ones), `A_log` (log of U(0, 16), as the book since its commit 7d92267),
+/// `norm.weight` (ones), `out_proj` (d_out -> d_out).
 ///
 /// Input (B, T, d_in) or (T, d_in); output of the same rank with d_out features. Causal by
 /// construction: a token's output depends on the tokens before it only.
+///
+/// Thread safety: forward() keeps nothing in the module, so one instance may serve several
+/// threads at once, each with its own GatedDeltaNetState; eval(), train(), to(), reset() and
+/// load_weights() need the module to themselves (docs/THREADS.md).
 ///
 /// Example:
 /// \code

@@ -57,6 +57,9 @@ struct GatedDeltaRuleOutput {
 /// query's worth of memory, not T states. Any split of the tokens into calls, each given the
 /// previous call's state, equals one call.
 ///
+/// Thread safety: any number of calls may run at once; the inputs, initial_state included, are
+/// only read.
+///
 /// Example:
 /// \code
 /// namespace F = attention::functional;

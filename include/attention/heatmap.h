@@ -23,6 +23,8 @@ namespace attention {
 /// columns as `column_labels`, c10::TypeError for complex weights, c10::Error for weights without
 /// data (meta).
 ///
+/// Thread safety: keeps no state; any number of calls may run at once.
+///
 /// Example:
 /// \code
 /// attention::MultiHeadAttention mha(

@@ -32,6 +32,10 @@ namespace attention {
 /// docs/SERVING.md). append() then returns what the codes stand for (a copy in the appended
 /// dtype); MultiHeadAttention reads the codes in place instead (write(), keys(), key_scales()).
 ///
+/// Thread safety: none inside. One thread at a time (const calls included); hand a cache over
+/// through a mutex or a queue. Views handed out may be read on other threads until truncate() or
+/// reset() and a later append write over them.
+///
 /// Example:
 /// \code
 /// attention::KVCache cache(/*max_length=*/1024);

@@ -21,6 +21,9 @@ namespace attention {
 /// the new latent, the cached tokens followed by the new latent itself, so that the gradient
 /// reaches this step's projection.
 ///
+/// Thread safety: none inside. One thread at a time (const calls included); views handed out as
+/// KVCache's are.
+///
 /// Example:
 /// \code
 /// attention::LatentCache cache(/*max_length=*/1024);

@@ -42,6 +42,10 @@ struct LightningIndexerOptions {
 /// Selection is deterministic: the k highest scores, the earlier token first among equal ones
 /// (ReLU makes ties at 0 common; torch.topk leaves their order unspecified).
 ///
+/// Thread safety: keys(), scores() and forward() keep nothing in the module (forward()'s score
+/// buffers belong to the call), so one instance may serve several threads at once; eval(), to(),
+/// reset() and load_weights() need it to themselves.
+///
 /// Example:
 /// \code
 /// attention::LightningIndexer indexer(attention::LightningIndexerOptions(64).index_head_dim(16));

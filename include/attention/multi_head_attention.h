@@ -204,6 +204,10 @@ struct PagedForwardOptions {
 ///
 /// Input (B, T, d_in) or (T, d_in); output of the same rank with d_out features.
 ///
+/// Thread safety: forward() and forward_paged() may run on several threads at once, each with its
+/// own caches; the workspace and the rotary tables they share each take a mutex. eval(), train(),
+/// to(), reset() and load_weights() need the module to themselves (docs/THREADS.md).
+///
 /// Example:
 /// \code
 /// attention::MultiHeadAttention mha(
@@ -248,6 +252,10 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   /// num_kv_heads, head_dim and dtype must be the module's, and a cache with a sliding window needs
   /// a module window no wider. Throws c10::ValueError for a batch the cache no longer holds, x of
   /// another shape, or a cache that does not fit the module, before anything is written.
+  ///
+  /// Thread safety: it writes only layer `layer` of the cache and reads its metadata, so calls on
+  /// different layers of one batch may run at once; a call must not overlap extend(), add,
+  /// fork, free or truncate of the cache, nor another call on the same layer (docs/THREADS.md).
   ///
   /// Example:
   /// \code
@@ -297,9 +305,11 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   /// no gradient is recorded (inference): at most (B * T * d_out + 2 * B * Tk * num_kv_heads *
   /// head_dim) elements of the largest call so far. A projection still in use elsewhere is never
   /// overwritten (see Workspace). release_workspace() gives the memory back; a clone starts with
-  /// an empty workspace.
+  /// an empty workspace. Thread safety: forwards on several threads share it under its mutex; a
+  /// slot still in use by one of them is not reused but replaced by a new buffer.
   const Workspace& workspace() const { return workspace_; }
-  /// Drops the workspace's buffers (see workspace()).
+  /// Drops the workspace's buffers (see workspace()). Thread safety: safe while other threads
+  /// run forward(); buffers they use are freed when their tensors go.
   void release_workspace() { workspace_.release(); }
 
   /// The options the module was built with.
@@ -348,8 +358,8 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   Workspace workspace_;
   /// ALiBi's standard slopes for num_heads, made by reset() (with `alibi(true)`).
   torch::Tensor alibi_slopes_;
-  /// The rotary embedding's cos and sin tables (shared by clones: they depend on the options
-  /// only, and reset() makes new ones).
+  /// The rotary embedding's cos and sin tables, grown under their own mutex by forwards on any
+  /// thread. reset() makes new ones, and so does a clone (Cloneable::clone() calls reset()).
   std::shared_ptr<detail::RotaryCache> rotary_;
 };
 

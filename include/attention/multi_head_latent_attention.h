@@ -86,6 +86,10 @@ struct MultiHeadLatentAttentionOptions {
 ///
 /// Input (B, T, d_in) or (T, d_in); output of the same rank with d_out features.
 ///
+/// Thread safety: forward() keeps nothing in the module, so one instance may serve several
+/// threads at once, each with its own LatentCache; eval(), train(), to(), reset() and
+/// load_weights() need the module to themselves (docs/THREADS.md).
+///
 /// Example:
 /// \code
 /// attention::MultiHeadLatentAttention mla(

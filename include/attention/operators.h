@@ -33,7 +33,10 @@
 namespace attention {
 
 /// Registers the operators of namespace `attention` with LibTorch's dispatcher. Once per
-/// process: later calls do nothing. Thread-safe.
+/// process: later calls do nothing.
+///
+/// Thread safety: any thread, any number of times; a function-local static registers once (C++
+/// initialization of statics is thread-safe). The operators' kernels are the functional layer's.
 ///
 /// Example:
 /// \code

@@ -44,6 +44,9 @@ namespace functional {
 /// c10::TypeError for dtypes, c10::Error for devices and for a call that records gradients; every
 /// message names this function, what it expected and what it got.
 ///
+/// Thread safety: as scaled_dot_product_attention(); the pages are only read, so calls may read a
+/// PagedKVCache's layer while another thread writes a different layer (docs/THREADS.md).
+///
 /// Example:
 /// \code
 /// namespace F = attention::functional;
@@ -71,6 +74,8 @@ ATTENTION_API torch::Tensor paged_attention(
 /// compute on the keys the codes stand for. The same checks as paged_attention(), and
 /// c10::TypeError for pages that are not both Char or scales not Float, c10::ValueError for
 /// scales missing or of another shape.
+///
+/// Thread safety: as the overload above.
 ///
 /// Example:
 /// \code

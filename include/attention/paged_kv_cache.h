@@ -61,6 +61,9 @@ class PagedKVCache;
 /// Packed layout: the new tokens of sequences()[i] are rows [query_starts[i],
 /// query_starts[i + 1]) of the step's (total_tokens, ...) tensors; their positions in their
 /// sequence are key_lengths[i] - (query_starts[i + 1] - query_starts[i]) onwards.
+///
+/// Thread safety: nothing changes a batch after extend() made it; any number of threads may read
+/// one (its tensors included), as long as none assigns to the object meanwhile.
 class ATTENTION_API PagedBatch {
  public:
   /// An empty batch of no cache.
@@ -116,6 +119,11 @@ class ATTENTION_API PagedBatch {
 /// A step: extend() reserves slots for the new tokens and returns a PagedBatch; each layer writes
 /// its keys and values with write(), then attends through the batch's page tables
 /// (functional::paged_attention, or MultiHeadAttention::forward_paged, which does both).
+///
+/// Thread safety: no lock inside. add_sequence(), fork_sequence(), free_sequence(), truncate() and
+/// extend() need the cache to themselves (extend() may copy pages of every layer); other calls may
+/// overlap, but write() of a layer must not overlap another read or write of that layer's pages
+/// (write() touches no other layer). A reader-writer lock fits (docs/THREADS.md).
 ///
 /// Example:
 /// \code

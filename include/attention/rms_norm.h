@@ -28,6 +28,10 @@ struct RMSNormOptions {
 /// ones: PyTorch's nn.RMSNorm with one normalized dimension, its parameter named alike, for the
 /// LibTorch generations that lack torch::nn::RMSNorm.
 ///
+/// Thread safety: forward() keeps nothing in the module (it only reads the parameters), so one
+/// instance may serve several threads at once; eval(), train(), to(), reset() and load_weights()
+/// need the module to themselves (docs/THREADS.md).
+///
 /// Example:
 /// \code
 /// attention::RMSNorm norm(attention::RMSNormOptions(64).eps(1e-6));

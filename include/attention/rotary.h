@@ -81,6 +81,9 @@ ATTENTION_API std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch:
 /// Throws c10::ValueError for an odd rotary_dim, one above d, positions of the wrong shape or a
 /// theta that is not finite and > 1; c10::TypeError for non-floating x or non-integer positions.
 ///
+/// Thread safety: any number of calls may run at once (this function, rotary_tables() and
+/// rotary_frequencies() compute from their arguments alone and keep nothing).
+///
 /// Example:
 /// \code
 /// namespace F = attention::functional;

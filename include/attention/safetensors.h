@@ -43,6 +43,8 @@ ATTENTION_API NamedTensors parse_safetensors(const char* data, std::size_t size)
 ATTENTION_API std::string serialize_safetensors(const NamedTensors& tensors);
 
 /// True when `data` starts like a safetensors file (a plausible header length, then '{').
+/// Thread safety: this function, parse_safetensors() and serialize_safetensors() keep no state;
+/// any number of calls may run at once.
 ATTENTION_API bool looks_like_safetensors(const char* data, std::size_t size);
 
 }  // namespace attention

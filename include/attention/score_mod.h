@@ -50,6 +50,10 @@ using ScoreDerivative = std::function<torch::Tensor(
 /// Without a derivative it serves inference only: a call that needs gradients (queries, keys or
 /// values requiring grad) is refused by name.
 ///
+/// Thread safety: the library calls the function and the derivative from several threads at once
+/// (the workers of one call, and every call that shares the ScoreMod) and takes no lock around
+/// them: what they touch besides their arguments must be safe for that (read-only captures are).
+///
 /// Example:
 /// \code
 /// // Scores divided by a per-head temperature, with its derivative.

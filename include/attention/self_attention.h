@@ -34,6 +34,10 @@ struct SelfAttentionOptions {
 ///
 /// Input (T, d_in) or (B, T, d_in); output (T, d_out_v) or (B, T, d_out_v).
 ///
+/// Thread safety: forward() keeps nothing in the module (it only reads the parameters), so one
+/// instance may serve several threads at once; eval(), train(), to(), reset() and load_weights()
+/// need the module to themselves (docs/THREADS.md).
+///
 /// Example:
 /// \code
 /// torch::manual_seed(123);

@@ -27,6 +27,9 @@ namespace attention {
 /// tensor each call (a copy; the new tokens keep their gradient when autograd records them, and
 /// no gradient flows into earlier steps).
 ///
+/// Thread safety: none inside. One thread at a time (const calls included); what append()
+/// returned is a tensor of its own and may be read anywhere.
+///
 /// Example:
 /// \code
 /// attention::SlidingKVCache cache(/*window=*/4096, /*sink_tokens=*/4);

@@ -40,6 +40,9 @@ struct SparseAttentionOptions {
 /// not T x S: only selected keys are read, and no T x S scores are made. Differentiable in query,
 /// key and value on every route (the fused CPU backward recomputes each selected score).
 ///
+/// Thread safety: any number of calls may run at once (inputs are only read; no shared state but
+/// the process's caches).
+///
 /// Example:
 /// \code
 /// namespace F = attention::functional;

@@ -16,6 +16,8 @@ namespace attention {
 /// index key (B, T, index_head_dim), which DeepSeekSparseAttention's indexer scores every step.
 /// Appends to both or to neither: a refused append leaves the cache as it was.
 ///
+/// Thread safety: none inside. One thread at a time (const calls included).
+///
 /// Example:
 /// \code
 /// attention::SparseAttentionCache cache(/*max_length=*/1024);

@@ -83,6 +83,7 @@ struct ParityCase {
 
 /// Reads a recorded case. Throws c10::Error naming the file and what is wrong: a missing file, a
 /// manifest of another format or version, or tensors the manifest names but the file lacks.
+/// Thread safety: keeps no state; any number of calls may run at once.
 ATTENTION_TESTING_API ParityCase load_parity_case(const std::string& directory);
 
 /// One tensor that differs from Python's.
@@ -165,6 +166,9 @@ using ParityForward = std::function<std::vector<torch::Tensor>(const std::vector
 /// was) or the forward throws, c10::ValueError for a negative or non-finite tolerance; a wrong
 /// number of outputs, or outputs recording no gradient for a case that holds gradients, is a
 /// mismatch.
+///
+/// Thread safety: it loads weights into `module`, clears its gradients and runs a backward, so
+/// no other thread may use `module` meanwhile; checks of different modules may run at once.
 ATTENTION_TESTING_API ParityReport check_parity(torch::nn::Module& module, const ParityCase& c,
                                                 const ParityForward& forward,
                                                 const ParityOptions& options = {});

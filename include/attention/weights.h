@@ -145,6 +145,9 @@ struct LoadReport {
 /// proportion to the file's size) that docs/SECURITY.md states. A TorchScript archive carries
 /// code: load it only from sources you trust (see LoadOptions::trusted).
 ///
+/// Thread safety: loads into different modules may run at once. The values are copied into the
+/// module's tensors in place, so no other thread may use `module` (a forward included) meanwhile.
+///
 /// Example:
 /// \code
 /// // Python: torch.save(model.state_dict(), "gpt.pth"), a GPT whose blocks hold `att`.
@@ -156,7 +159,8 @@ ATTENTION_API LoadReport load_weights(torch::nn::Module& module, const std::stri
                                       const LoadOptions& options = {});
 
 /// load_weights() on a file already in memory (`size` bytes at `data`), e.g. read from an archive
-/// or received over a network. `source` names it in error messages.
+/// or received over a network. `source` names it in error messages. Thread safety: as
+/// load_weights().
 ATTENTION_API LoadReport load_weights_from_memory(torch::nn::Module& module, const char* data,
                                                   std::size_t size, const LoadOptions& options = {},
                                                   const std::string& source = "<memory>");
@@ -166,6 +170,10 @@ ATTENTION_API LoadReport load_weights_from_memory(torch::nn::Module& module, con
 /// Python reads with `module.load_state_dict(torch.load(path, weights_only=True))`. Tensors are
 /// written from the CPU, contiguous; the file is
 /// written beside `path` and renamed over it, so a failed write leaves no truncated file.
+///
+/// Thread safety: it only reads `module`, so forwards may run meanwhile (not writes to it). Saves
+/// may run at once, to one path too (threads or processes): each writes a file of its own beside
+/// `path` and renames it over `path`, so `path` holds one save's whole file, the last one's.
 ATTENTION_API void save_weights(const torch::nn::Module& module, const std::string& path);
 
 }  // namespace attention

@@ -22,7 +22,10 @@ namespace attention {
 /// overwritten; the slot then gets a new buffer and the old one lives on with its users. A slot
 /// keeps the largest buffer it was asked for, so the memory held is at most the sum over slots of
 /// their largest request; release() gives it back (to the allocator, once no tensor uses it).
-/// Calls from several threads are safe. A copy (as clone() makes) starts empty.
+/// A copy (as clone() makes) starts empty.
+///
+/// Thread safety: every member may be called from several threads at once (a std::mutex); a
+/// buffer that a tensor of one thread still uses is never handed to another.
 ///
 /// Example:
 /// \code
@@ -65,6 +68,9 @@ class ATTENTION_API Workspace {
 /// forward and 768 KiB for the backward). Buffers above 4 MiB (block sizes above 512 in float) are
 /// not kept, nor more than 32 MiB in all.
 ///
+/// Thread safety: the buffers form one pool for the process, behind a mutex: calls on any
+/// threads may take and give back buffers at once, and this may be asked at any time.
+///
 /// Example:
 /// \code
 /// namespace F = attention::functional;
@@ -78,6 +84,7 @@ ATTENTION_API int64_t kernel_workspace_bytes();
 
 /// Frees the tile buffers the fused CPU kernels keep (see kernel_workspace_bytes()); buffers in use
 /// by a call running now are freed when it ends. Later calls allocate them again.
+/// Thread safety: may run at any time, while other threads compute (a mutex and a generation).
 ATTENTION_API void release_kernel_workspace();
 
 /// The default of set_large_buffer_cache_limit(): 1 GiB.
@@ -92,6 +99,9 @@ constexpr int64_t kDefaultLargeBufferCacheLimit = int64_t{1} << 30;
 /// a tenth of a step, and how much depends on the allocator. Memory in use by a tensor is never
 /// handed out.
 /// At most large_buffer_cache_limit() bytes are kept idle; the buffers kept longest go first.
+///
+/// Thread safety: one cache for the process, behind a mutex: any thread may take a buffer or
+/// give one back (whichever frees its tensor), and these functions may be called at any time.
 ///
 /// Example:
 /// \code
@@ -108,7 +118,8 @@ ATTENTION_API int64_t large_buffer_cache_limit();
 
 /// Sets the most bytes of large temporaries kept idle, freeing what is idle beyond it now; 0 keeps
 /// none (every large temporary then takes fresh memory, as without the cache). Throws
-/// c10::ValueError for a negative limit.
+/// c10::ValueError for a negative limit. Thread safety: any thread, any time; the limit is the
+/// process's, for every thread.
 ///
 /// Example:
 /// \code
@@ -117,7 +128,8 @@ ATTENTION_API int64_t large_buffer_cache_limit();
 ATTENTION_API void set_large_buffer_cache_limit(int64_t bytes);
 
 /// Frees the idle large temporaries; buffers in use now are freed when their tensors go, instead
-/// of being kept. Later calls fill the cache again.
+/// of being kept. Later calls fill the cache again. Thread safety: any thread, any time (a mutex
+/// and a generation: buffers in use during the release are freed when they come back).
 ATTENTION_API void release_large_buffer_cache();
 
 }  // namespace attention

@@ -2,8 +2,9 @@
 
 Loading this package loads libattention_ops (the library's operators, registered as
 torch.ops.attention.*) into the process. It looks, in order, at the path in the environment
-variable ATTENTION_OPS_LIBRARY, beside the installed package (PREFIX/lib*/ or PREFIX/lib/*/, the
-package being in PREFIX/share/attention/python/), and in the source tree's build/ folder.
+variable ATTENTION_OPS_LIBRARY, in the package's own folder (where `pip install` puts it),
+beside the CMake-installed package (PREFIX/lib*/ or PREFIX/lib/*/, the package being in
+PREFIX/share/attention/python/), and in the source tree's build/ folder.
 
     import torch, attention_ops
     q = torch.randn(2, 12, 1024, 64, requires_grad=True)
@@ -31,11 +32,12 @@ def _candidates():
     given = os.environ.get(LIBRARY_VARIABLE)
     if given:
         return [given]
+    own = os.path.join(here, LIBRARY_NAME)
     prefix = os.path.normpath(os.path.join(here, "..", "..", "..", ".."))
     installed = sorted(glob.glob(os.path.join(prefix, "lib*", LIBRARY_NAME)) +
                        glob.glob(os.path.join(prefix, "lib", "*", LIBRARY_NAME)))
     source_tree = os.path.join(here, "..", "..", "build", LIBRARY_NAME)
-    return installed + [source_tree]
+    return [own] + installed + [source_tree]
 
 
 def library_path():

@@ -350,6 +350,41 @@ class BadArguments(unittest.TestCase):
         self.check(ValueError, "attention::varlen_attention: ", lambda: OPS.varlen_attention(
             q[0, 0], k[0, 0], v[0, 0], torch.tensor([0, 7]), torch.tensor([0, 8])))
 
+    def test_tensors_on_different_devices_are_refused(self):
+        # A meta tensor beside CPU ones sends the call to the Meta kernel (the dispatcher takes
+        # the highest device): it must refuse, never return a CPU tensor of undefined values.
+        q, k, v = inputs()
+        name = "attention::scaled_dot_product_attention: "
+        meta = lambda t: t.detach().to("meta")  # noqa: E731
+        mask = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype)
+        for args, moved in (((q, meta(k), v), "key"), ((q, k, meta(v)), "value"),
+                            ((meta(q), k, v), "key")):
+            self.check(RuntimeError, name + "expected " + moved + " on the queries' device",
+                       lambda: OPS.scaled_dot_product_attention(*args))
+        self.check(RuntimeError, name + "expected attn_mask on the queries' device (cpu), got meta",
+                   lambda: OPS.scaled_dot_product_attention(q, k, v, meta(mask)))
+        self.check(RuntimeError, name + "expected sinks on the queries' device (cpu), got meta",
+                   lambda: OPS.scaled_dot_product_attention(
+                       q, k, v, sinks=meta(torch.zeros(q.shape[1], dtype=q.dtype))))
+        self.check(RuntimeError, name + "expected alibi_slopes on the queries' device (cpu) or "
+                   "the CPU, got meta", lambda: OPS.scaled_dot_product_attention(
+                       q, k, v, alibi_slopes=meta(torch.ones(q.shape[1]))))
+        leaf = q.clone().requires_grad_()
+        self.check(RuntimeError, name + "expected key on the queries' device (cpu), got meta",
+                   lambda: OPS.scaled_dot_product_attention(leaf, meta(k), v, is_causal=True))
+        packed_q, packed_k = q[0].transpose(0, 1), k[0].transpose(0, 1)
+        offsets_q = torch.tensor([0, packed_q.shape[0]])
+        offsets_k = torch.tensor([0, packed_k.shape[0]])
+        self.check(RuntimeError, "attention::varlen_attention: expected key on the queries' "
+                   "device (cpu), got meta", lambda: OPS.varlen_attention(
+                       packed_q, meta(packed_k), packed_k, offsets_q, offsets_k))
+        self.check(RuntimeError, "attention::varlen_attention: expected cu_seqlens_k on the "
+                   "queries' device (cpu) or the CPU, got meta", lambda: OPS.varlen_attention(
+                       packed_q, packed_k, packed_k, offsets_q, meta(offsets_k)))
+        # Meta tensors alone are what torch.compile's fake tensors are: shapes come back.
+        out = OPS.scaled_dot_product_attention(meta(q), meta(k), meta(v))
+        self.assertEqual((out.device.type, tuple(out.shape)), ("meta", tuple(q.shape)))
+
     def test_extremes_accepted(self):
         q, k, v = inputs()
         for block in (1, 2, 2**31, INT64_MAX):

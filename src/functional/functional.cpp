@@ -57,13 +57,21 @@ void check_supported(const kernels::Problem& p, Backend backend, const torch::Te
   }
 }
 
-// Auto: Math for weights, dropout, a mask that needs a gradient, or small scores; Chunked for
-// large scores. With its fused CPU backward, Chunked is ahead of LibTorch 2.x's own kernel in
-// training as well (README, Performance), so Auto never picks Native.
-Backend choose(const kernels::Problem& p) {
+// Auto: Math for weights, dropout or a mask that needs a gradient. Otherwise, on the fused CPU
+// kernels (CPU float, double and bfloat16): in inference Chunked at every size (`attention-bench
+// auto` measured it at 0.4-0.8 of Math's time at T <= 16 and 0.3-0.4 at T = 128 and 256, B=1, H=8);
+// in training Chunked from kAutoChunkedScores scores, Math below: Math's backward is the
+// article's formula, exact where a softmax saturates, while the fused backward's D = rowsum(dO o O)
+// leaves such gradients off by rounding of their terms' magnitude, not of their own (up to 1e-4
+// relative in float32 on the saturated goldens), and below that size Math's cost is small (0.6-2
+// ms at T <= 256). Elsewhere Chunked's tiles of LibTorch ops pay off only for large scores. With
+// its fused CPU backward, Chunked is ahead of LibTorch 2.x's own kernel in training as well
+// (README, Performance), so Auto never picks Native.
+Backend choose(const kernels::Problem& p, const torch::Tensor& query) {
   if (p.need_weights || p.dropout_p > 0.0 || p.mask_needs_grad) return Backend::Math;
-  if (p.score_count() < static_cast<double>(kAutoChunkedScores)) return Backend::Math;
-  return Backend::Chunked;
+  const bool small = p.score_count() < static_cast<double>(kAutoChunkedScores);
+  if (kernels::fused_cpu_applies(query) && !p.needs_grad) return Backend::Chunked;
+  return small ? Backend::Math : Backend::Chunked;
 }
 
 // Runs a validated problem on the backend it asks for (or Auto's choice). Only the fused CPU
@@ -75,7 +83,7 @@ AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
   const bool fused = kernels::fused_cpu_applies(query);
   const bool learned_bias = given.relative_bias.defined() && torch::GradMode::is_enabled() &&
                             given.relative_bias.requires_grad();
-  Backend backend = given.backend == Backend::Auto ? choose(given) : given.backend;
+  Backend backend = given.backend == Backend::Auto ? choose(given, query) : given.backend;
   if (given.backend == Backend::Auto && (learned_bias || given.score_mod) && !fused) {
     backend = Backend::Math;
   }
@@ -120,9 +128,9 @@ AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
 // are one page (the cache's own memory, read in place); the options hold as they are.
 bool decodes_in_place(const kernels::Problem& p, const torch::Tensor& query,
                       const torch::Tensor& key, const torch::Tensor& value) {
-  const bool fused =
-      p.backend == Backend::Chunked ||
-      (p.backend == Backend::Auto && (choose(p) == Backend::Chunked || p.t_k >= kAutoDecodeKeys));
+  const bool fused = p.backend == Backend::Chunked ||
+                     (p.backend == Backend::Auto &&
+                      (choose(p, query) == Backend::Chunked || p.t_k >= kAutoDecodeKeys));
   if (!fused || p.degenerate() || p.packed() || !kernels::paged_forward_applies(query)) {
     return false;
   }

@@ -38,6 +38,10 @@ void write_result(const Compute& compute, const torch::Tensor& target,
     TORCH_CHECK(false, tile_failed(caller, which, shape_of, tile, e.msg()));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, tile_failed(caller, which, shape_of, tile, e.what()));
+  } catch (...) {
+    // Whatever the user's code throws leaves as the documented c10::Error.
+    TORCH_CHECK(false, tile_failed(caller, which, shape_of, tile,
+                                   "an exception of a type not derived from std::exception"));
   }
   TORCH_CHECK(
       result.defined() && result.is_floating_point() && result.sizes() == target.sizes(),

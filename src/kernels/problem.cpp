@@ -143,9 +143,14 @@ void check_sinks(const torch::Tensor& sinks, const torch::Tensor& like, int64_t 
                     ": expected finite sinks");
 }
 
-// ALiBi's slopes: one finite value per query head, on any device, read once to the host.
-std::vector<double> check_alibi(const torch::Tensor& slopes, int64_t heads, const char* caller) {
+// ALiBi's slopes: one finite value per query head, on the queries' device or the CPU (a meta
+// tensor has no values to read), read once to the host.
+std::vector<double> check_alibi(const torch::Tensor& slopes, const torch::Tensor& like,
+                                int64_t heads, const char* caller) {
   if (!slopes.defined()) return {};
+  TORCH_CHECK(slopes.device() == like.device() || slopes.device().is_cpu(), caller,
+              ": expected alibi_slopes on the queries' device (", like.device(),
+              ") or the CPU, got ", slopes.device());
   TORCH_CHECK_TYPE(slopes.is_floating_point(), caller,
                    ": expected floating-point alibi_slopes, got ", slopes.scalar_type());
   TORCH_CHECK_VALUE(slopes.dim() == 1 && slopes.size(0) == heads, caller,
@@ -272,7 +277,7 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
   p.window_left = bound(options.window_left());
   p.window_right = bound(options.window_right());
   p.softcap = options.softcap().value_or(0.0);
-  p.alibi = check_alibi(options.alibi_slopes(), p.heads, caller);
+  p.alibi = check_alibi(options.alibi_slopes(), like, p.heads, caller);
   if (options.sinks().defined()) {
     check_sinks(options.sinks(), like, p.heads, caller);
     p.sinks = options.sinks();

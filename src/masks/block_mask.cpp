@@ -49,6 +49,11 @@ Place place_of(int64_t index, int64_t heads, int64_t q_blocks, int64_t kv_blocks
 }
 
 // What a mask function's failure at query q and key kv of a block is reported as.
+// What a message says of an exception that does not derive from std::exception (`throw 42`):
+// whatever the mask function throws leaves the library as a c10::Error, never as itself (from a
+// thread of a parallel region, an exception of its own type could end the process).
+constexpr const char* kNotStandard = "an exception of a type not derived from std::exception";
+
 std::string function_threw(const char* caller, const Place& at, int64_t q, int64_t kv,
                            const char* what) {
   std::ostringstream message;
@@ -154,6 +159,8 @@ void BlockMask::keep_partial_pairs(const PairSource& source, const char* caller)
         source(at.b, at.h, at.qb, at.kb, pairs.data() + k * per_block);
       } catch (const std::exception& e) {
         failure.record(index, e.what());
+      } catch (...) {
+        failure.record(index, std::string(caller) + ": " + kNotStandard);
       }
     }
   });
@@ -203,6 +210,8 @@ BlockMask::PairSource BlockMask::function_pairs(const char* caller) const {
       }
     } catch (const std::exception& e) {
       throw std::runtime_error(function_threw(caller, {b, h, qb, kb}, q, kv, e.what()));
+    } catch (...) {
+      throw std::runtime_error(function_threw(caller, {b, h, qb, kb}, q, kv, kNotStandard));
     }
   };
 }
@@ -250,6 +259,9 @@ BlockMask BlockMask::from_function(MaskFunction visible, int64_t batch, int64_t 
         }
       } catch (const std::exception& e) {
         failure.record(index, function_threw(kName, at, q, kv, e.what()));
+        continue;
+      } catch (...) {
+        failure.record(index, function_threw(kName, at, q, kv, kNotStandard));
         continue;
       }
       mask.storage_->blocks[static_cast<size_t>(index)] =

@@ -39,7 +39,9 @@ void GatedDeltaNetImpl::reset() {
   W_beta = register_module("W_beta", linear(o.d_in(), o.d_out(), false));
   W_alpha = register_module("W_alpha", linear(o.d_in(), o.num_heads(), false));
   dt_bias = register_parameter("dt_bias", torch::ones({o.num_heads()}));
-  A_log = register_parameter("A_log", torch::zeros({o.num_heads()}));
+  // The book's decay rates since its commit 7d92267 (November 2025): A = U(0, 16), stored as
+  // its logarithm (Mamba-2's and Qwen3-Next's initialization), drawn here in the book's order.
+  A_log = register_parameter("A_log", torch::empty({o.num_heads()}).uniform_(0, 16).log());
   norm = register_module("norm", RMSNorm(RMSNormOptions(head_dim()).eps(1e-6)));
   out_proj = register_module("out_proj", Linear(LinearOptions(o.d_out(), o.d_out())));
 }

@@ -293,6 +293,9 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     TORCH_CHECK_VALUE(padding.sizes() == c10::IntArrayRef(expected), kMultiHeadAttentionName,
                       ": expected key_padding_mask ", shape_str(expected), ", got ",
                       shape_str(padding.sizes()));
+    TORCH_CHECK(padding.device() == x.device(), kMultiHeadAttentionName,
+                ": expected key_padding_mask on device ", x.device(), " (the input's), got ",
+                padding.device());
   }
   const auto& attn_mask = forward_options.attn_mask();
   if (attn_mask.defined()) {
@@ -301,6 +304,9 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     TORCH_CHECK_VALUE(detail::broadcastable_to(attn_mask.sizes(), scores), kMultiHeadAttentionName,
                       ": expected attn_mask broadcastable to ", shape_str(scores), ", got ",
                       shape_str(attn_mask.sizes()));
+    TORCH_CHECK(attn_mask.device() == x.device(), kMultiHeadAttentionName,
+                ": expected attn_mask on device ", x.device(), " (the input's), got ",
+                attn_mask.device());
   }
   TORCH_CHECK_VALUE(!(forward_options.score_mod() && sliding), kMultiHeadAttentionName,
                     ": takes no score_mod with a sliding_kv_cache (its keys' positions move with "

@@ -56,6 +56,28 @@ bool takes_fused_route(const Arguments& args, const torch::Tensor& query, const 
          !mask_gradient;
 }
 
+void check_devices(const Arguments& args, const torch::Tensor& query, const torch::Tensor& key,
+                   const torch::Tensor& value,
+                   std::initializer_list<std::pair<const char*, const torch::Tensor*>> more) {
+  const auto device = query.device();
+  const auto on_device = [&](const char* name, const torch::Tensor& t) {
+    TORCH_CHECK(t.device() == device, args.caller, ": expected ", name, " on the queries' device (",
+                device, "), got ", t.device());
+  };
+  const auto here_or_cpu = [&](const char* name, const c10::optional<torch::Tensor>& t) {
+    TORCH_CHECK(!t || t->device() == device || t->device().is_cpu(), args.caller, ": expected ",
+                name, " on the queries' device (", device, ") or the CPU, got ", t->device());
+  };
+  on_device("key", key);
+  on_device("value", value);
+  if (args.attn_mask) on_device("attn_mask", *args.attn_mask);
+  if (args.sinks) on_device("sinks", *args.sinks);
+  for (const auto& [name, tensor] : more) on_device(name, *tensor);
+  here_or_cpu("cu_seqlens_q", args.cu_seqlens_q);
+  here_or_cpu("cu_seqlens_k", args.cu_seqlens_k);
+  here_or_cpu("alibi_slopes", args.alibi_slopes);
+}
+
 torch::Tensor attention_of(const Arguments& args, const torch::Tensor& query,
                            const torch::Tensor& key, const torch::Tensor& value) {
   const auto options = to_options(args);

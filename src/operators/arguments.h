@@ -10,7 +10,9 @@
 
 #include <c10/util/Optional.h>
 
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 namespace attention {
 namespace operators {
@@ -52,6 +54,17 @@ functional::ScaledDotProductAttentionOptions to_options(const Arguments& args);
 /// dropout, and a mask that needs no gradient (Math differentiates it).
 bool takes_fused_route(const Arguments& args, const torch::Tensor& query, const torch::Tensor& key,
                        const torch::Tensor& value);
+
+/// Refuses tensors on different devices before any kernel reads or allocates, as PyTorch's own
+/// operators do: with the dispatcher choosing the kernel by the highest device among its tensors
+/// (meta above the CPU), a CPU query with a meta key would otherwise reach the Meta kernel and
+/// come back as an uninitialized CPU tensor. key, value, attn_mask and sinks must be on the
+/// queries' device, the offsets and alibi_slopes there or on the CPU; `more` names further
+/// tensors that must be on the queries' device (the fused backward's output, its gradient, the
+/// log-sum-exp). Throws c10::Error naming the operator, the tensor and both devices.
+void check_devices(const Arguments& args, const torch::Tensor& query, const torch::Tensor& key,
+                   const torch::Tensor& value,
+                   std::initializer_list<std::pair<const char*, const torch::Tensor*>> more = {});
 
 /// scaled_dot_product_attention() or varlen_attention() as the operator named in `args`: the
 /// same validation and kernels, the operator's name in every message.

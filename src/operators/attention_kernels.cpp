@@ -240,14 +240,21 @@ Tensor attention_cpu(const Tensor& query, const Tensor& key, const Tensor& value
   const auto args = read_arguments(kAttentionOperator, {}, {}, attn_mask, is_causal,
                                    causal_alignment, window_left, window_right, alibi_slopes,
                                    softcap, sinks, scale, dropout_p, backend, block_size);
+  check_devices(args, query, key, value);
   return attention_of(args, query, key, value).contiguous();
 }
 
-Tensor attention_meta(const Tensor& query, const Tensor&, const Tensor& value,
-                      const OptionalTensor&, bool, c10::string_view, c10::optional<int64_t>,
-                      c10::optional<int64_t>, const OptionalTensor&, c10::optional<double>,
-                      const OptionalTensor&, c10::optional<double>, double, c10::string_view,
-                      int64_t) {
+Tensor attention_meta(const Tensor& query, const Tensor& key, const Tensor& value,
+                      const OptionalTensor& attn_mask, bool is_causal,
+                      c10::string_view causal_alignment, c10::optional<int64_t> window_left,
+                      c10::optional<int64_t> window_right, const OptionalTensor& alibi_slopes,
+                      c10::optional<double> softcap, const OptionalTensor& sinks,
+                      c10::optional<double> scale, double dropout_p, c10::string_view backend,
+                      int64_t block_size) {
+  check_devices(read_arguments(kAttentionOperator, {}, {}, attn_mask, is_causal, causal_alignment,
+                               window_left, window_right, alibi_slopes, softcap, sinks, scale,
+                               dropout_p, backend, block_size),
+                query, key, value);
   return empty_of(symbolic_output_sizes(query, value), query.options());
 }
 
@@ -261,6 +268,7 @@ Tensor attention_autograd(const Tensor& query, const Tensor& key, const Tensor& 
   const auto args = read_arguments(kAttentionOperator, {}, {}, attn_mask, is_causal,
                                    causal_alignment, window_left, window_right, alibi_slopes,
                                    softcap, sinks, scale, dropout_p, backend, block_size);
+  check_devices(args, query, key, value);
   return differentiated(args, query, key, value, [&] {
     static const auto handle = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("attention::scaled_dot_product_attention", "")
@@ -282,14 +290,21 @@ Tensor varlen_cpu(const Tensor& query, const Tensor& key, const Tensor& value,
   const auto args = read_arguments(kVarlenOperator, cu_seqlens_q, cu_seqlens_k, {}, is_causal,
                                    causal_alignment, window_left, window_right, alibi_slopes,
                                    softcap, sinks, scale, dropout_p, backend, block_size);
+  check_devices(args, query, key, value);
   return attention_of(args, query, key, value).contiguous();
 }
 
-Tensor varlen_meta(const Tensor& query, const Tensor&, const Tensor& value, const Tensor&,
-                   const Tensor&, bool, c10::string_view, c10::optional<int64_t>,
-                   c10::optional<int64_t>, const OptionalTensor&, c10::optional<double>,
-                   const OptionalTensor&, c10::optional<double>, double, c10::string_view,
-                   int64_t) {
+Tensor varlen_meta(const Tensor& query, const Tensor& key, const Tensor& value,
+                   const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, bool is_causal,
+                   c10::string_view causal_alignment, c10::optional<int64_t> window_left,
+                   c10::optional<int64_t> window_right, const OptionalTensor& alibi_slopes,
+                   c10::optional<double> softcap, const OptionalTensor& sinks,
+                   c10::optional<double> scale, double dropout_p, c10::string_view backend,
+                   int64_t block_size) {
+  check_devices(read_arguments(kVarlenOperator, cu_seqlens_q, cu_seqlens_k, {}, is_causal,
+                               causal_alignment, window_left, window_right, alibi_slopes, softcap,
+                               sinks, scale, dropout_p, backend, block_size),
+                query, key, value);
   return empty_of(symbolic_output_sizes(query, value), query.options());
 }
 
@@ -303,6 +318,7 @@ Tensor varlen_autograd(const Tensor& query, const Tensor& key, const Tensor& val
   const auto args = read_arguments(kVarlenOperator, cu_seqlens_q, cu_seqlens_k, {}, is_causal,
                                    causal_alignment, window_left, window_right, alibi_slopes,
                                    softcap, sinks, scale, dropout_p, backend, block_size);
+  check_devices(args, query, key, value);
   return differentiated(args, query, key, value, [&] {
     static const auto handle = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("attention::varlen_attention", "")
@@ -324,6 +340,7 @@ std::tuple<Tensor, Tensor> fused_forward_cpu(
   const auto args =
       fused_arguments(cu_seqlens_q, cu_seqlens_k, attn_mask, is_causal, causal_alignment,
                       window_left, window_right, alibi_slopes, softcap, sinks, scale, block_size);
+  check_devices(args, query, key, value);
   const auto f = fused_problem(args, query, key, value);
   auto [out, lse] = kernels::fused_forward_with_lse(f.problem, f.query, f.key, f.value);
   return {packed_layout(args, out),
@@ -331,10 +348,16 @@ std::tuple<Tensor, Tensor> fused_forward_cpu(
 }
 
 std::tuple<Tensor, Tensor> fused_forward_meta(
-    const Tensor& query, const Tensor&, const Tensor& value, const OptionalTensor& cu_seqlens_q,
-    const OptionalTensor&, const OptionalTensor&, bool, c10::string_view, c10::optional<int64_t>,
-    c10::optional<int64_t>, const OptionalTensor&, c10::optional<double>, const OptionalTensor&,
-    c10::optional<double>, int64_t) {
+    const Tensor& query, const Tensor& key, const Tensor& value, const OptionalTensor& cu_seqlens_q,
+    const OptionalTensor& cu_seqlens_k, const OptionalTensor& attn_mask, bool is_causal,
+    c10::string_view causal_alignment, c10::optional<int64_t> window_left,
+    c10::optional<int64_t> window_right, const OptionalTensor& alibi_slopes,
+    c10::optional<double> softcap, const OptionalTensor& sinks, c10::optional<double> scale,
+    int64_t block_size) {
+  check_devices(
+      fused_arguments(cu_seqlens_q, cu_seqlens_k, attn_mask, is_causal, causal_alignment,
+                      window_left, window_right, alibi_slopes, softcap, sinks, scale, block_size),
+      query, key, value);
   return {empty_of(symbolic_output_sizes(query, value), query.options()),
           empty_of(symbolic_lse_sizes(cu_seqlens_q.has_value(), query),
                    query.options().dtype(lse_dtype(query)))};
@@ -352,6 +375,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward_cpu(
   const auto args =
       fused_arguments(cu_seqlens_q, cu_seqlens_k, attn_mask, is_causal, causal_alignment,
                       window_left, window_right, alibi_slopes, softcap, sinks, scale, block_size);
+  check_devices(args, query, key, value, {{"grad_out", &grad_out}, {"out", &out}, {"lse", &lse}});
   const auto f = fused_problem(args, query, key, value);
   const auto& p = f.problem;
   const auto expected_out = output_sizes(query, value);
@@ -379,10 +403,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward_cpu(
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward_meta(
-    const Tensor&, const Tensor& query, const Tensor& key, const Tensor& value, const Tensor&,
-    const Tensor&, const OptionalTensor&, const OptionalTensor&, const OptionalTensor&, bool,
-    c10::string_view, c10::optional<int64_t>, c10::optional<int64_t>, const OptionalTensor&,
-    c10::optional<double>, const OptionalTensor& sinks, c10::optional<double>, int64_t) {
+    const Tensor& grad_out, const Tensor& query, const Tensor& key, const Tensor& value,
+    const Tensor& out, const Tensor& lse, const OptionalTensor& cu_seqlens_q,
+    const OptionalTensor& cu_seqlens_k, const OptionalTensor& attn_mask, bool is_causal,
+    c10::string_view causal_alignment, c10::optional<int64_t> window_left,
+    c10::optional<int64_t> window_right, const OptionalTensor& alibi_slopes,
+    c10::optional<double> softcap, const OptionalTensor& sinks, c10::optional<double> scale,
+    int64_t block_size) {
+  check_devices(
+      fused_arguments(cu_seqlens_q, cu_seqlens_k, attn_mask, is_causal, causal_alignment,
+                      window_left, window_right, alibi_slopes, softcap, sinks, scale, block_size),
+      query, key, value, {{"grad_out", &grad_out}, {"out", &out}, {"lse", &lse}});
   return {
       torch::empty(query.sizes(), query.options()), torch::empty(key.sizes(), key.options()),
       torch::empty(value.sizes(), value.options()),

@@ -54,6 +54,13 @@ void implement(torch::Library& cpu, torch::Library& meta, torch::Library& autogr
   meta.impl("_fused_attention_forward", TORCH_FN(operators::fused_forward_meta));
   cpu.impl("_fused_attention_backward", TORCH_FN(operators::fused_backward_cpu));
   meta.impl("_fused_attention_backward", TORCH_FN(operators::fused_backward_meta));
+  // The private operators record no autograd of their own (the public operators' record calls
+  // them below autograd): every autograd key falls through to the device's kernel, meta
+  // included, whose own check then names a misplaced tensor (LibTorch 1.13 has no fallthrough
+  // for AutogradMeta of its own).
+  for (const char* name : {"_fused_attention_forward", "_fused_attention_backward"}) {
+    autograd.impl(name, torch::CppFunction::makeFallthrough());
+  }
 }
 
 }  // namespace

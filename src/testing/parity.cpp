@@ -302,7 +302,19 @@ ParityReport check_parity(torch::nn::Module& module, const ParityCase& c,
   for (auto& parameter : module.parameters()) parameter.mutable_grad() = torch::Tensor();
 
   torch::AutoGradMode grad_mode(gradients);
-  const std::vector<torch::Tensor> outputs = forward(inputs);
+  // The caller's forward: whatever it throws leaves as a c10::Error naming the case (one of its
+  // own c10::Errors as it is).
+  std::vector<torch::Tensor> outputs;
+  try {
+    outputs = forward(inputs);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, kCheck, ": the forward threw on case '", c.name, "': ", e.what());
+  } catch (...) {
+    TORCH_CHECK(false, kCheck, ": the forward threw on case '", c.name,
+                "': an exception of a type not derived from std::exception");
+  }
   if (outputs.size() != c.output_names.size()) {
     report.compared.push_back("outputs");
     TensorMismatch m;
@@ -380,6 +392,10 @@ int parity_main(int argc, char** argv,
     return 2;
   } catch (const std::exception& error) {
     std::cerr << "parity case '" << argv[1] << "': " << error.what() << "\n";
+    return 2;
+  } catch (...) {
+    std::cerr << "parity case '" << argv[1]
+              << "': an exception of a type not derived from std::exception\n";
     return 2;
   }
 }

@@ -7,12 +7,16 @@
 // reference is finite (so never NaN where it is finite). A disagreement aborts with the case
 // printed. A block mask, now and then, joins the reference as its dense mask built here from the
 // same visibility table. Packed sequences (varlen_attention) and the pages of a cache
-// (paged_attention) are checked the same way against each sequence alone.
+// (paged_attention) are checked the same way against each sequence alone. One case in eight moves
+// one of its tensors to the meta device: every backend (and the operator
+// torch.ops.attention.scaled_dot_product_attention) must refuse it.
 
 #include <attention/block_mask.h>
 #include <attention/functional.h>
+#include <attention/operators.h>
 #include <attention/paged_attention.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
@@ -136,6 +140,37 @@ void every_backend_agrees(const NamedBackends& backends, const Call& call, const
   }
 }
 
+// The operator torch.ops.attention.scaled_dot_product_attention, called as Python would.
+torch::Tensor attention_operator(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v, const c10::optional<torch::Tensor>& mask,
+                                 bool causal) {
+  static const auto op = [] {
+    attention::register_operators();
+    return c10::Dispatcher::singleton()
+        .findSchemaOrThrow("attention::scaled_dot_product_attention", "")
+        .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                             const c10::optional<torch::Tensor>&, bool, c10::string_view,
+                             c10::optional<int64_t>, c10::optional<int64_t>,
+                             const c10::optional<torch::Tensor>&, c10::optional<double>,
+                             const c10::optional<torch::Tensor>&, c10::optional<double>, double,
+                             c10::string_view, int64_t)>();
+  }();
+  return op.call(q, k, v, mask, causal, "bottom_right", c10::nullopt, c10::nullopt, c10::nullopt,
+                 c10::nullopt, c10::nullopt, c10::nullopt, 0.0, "auto", 256);
+}
+
+// Which of a call's tensors a case moves to the meta device (a device without data: whatever
+// reads it is a bug), or -1 for none: one case in eight moves one of `count`.
+int64_t misplaced_tensor(Bytes& in, int64_t count) {
+  const int64_t pick = in.below(8 * count);
+  return pick < count ? pick : -1;
+}
+
+// `t` on the meta device when `index` is `chosen`.
+torch::Tensor placed(const torch::Tensor& t, int64_t index, int64_t chosen) {
+  return index == chosen && t.defined() ? t.to(torch::kMeta) : t;
+}
+
 // The keys causality and the window hide, true = hidden, from their definitions: query i sits at
 // pos = i + offset; key j is hidden when j > pos (causal), pos - j > window_left or
 // j - pos > window_right. (pos - j is small: nothing here comes near the int64 limit.) Undefined
@@ -240,6 +275,7 @@ void check_varlen(const uint8_t* data, size_t size) {
   const auto v = in.tensor({k.size(0), kv_heads, dv}, dtype);
   const auto cu_q = torch::tensor(offsets_q, torch::kLong),
              cu_k = torch::tensor(offsets_k, torch::kLong);
+  const int64_t misplaced = misplaced_tensor(in, 5);
 
   std::ostringstream case_text;
   case_text << "varlen_attention: query " << q.sizes() << " key " << k.sizes() << " value "
@@ -265,6 +301,18 @@ void check_varlen(const uint8_t* data, size_t size) {
   };
   if (broken) {
     every_backend_refuses(backends, packed, "accepted broken offsets");
+    return;
+  }
+  if (misplaced >= 0) {
+    every_backend_refuses(
+        backends,
+        [&](F::Backend backend) {
+          return F::varlen_attention(placed(q, 0, misplaced), placed(k, 1, misplaced),
+                                     placed(v, 2, misplaced), placed(cu_q, 3, misplaced),
+                                     placed(cu_k, 4, misplaced),
+                                     F::ScaledDotProductAttentionOptions(options).backend(backend));
+        },
+        "accepted a tensor on the meta device");
     return;
   }
   // Each sequence alone, (H, T, d) views, on Math in float64.
@@ -422,6 +470,7 @@ void check_paged(const uint8_t* data, size_t size) {
   const auto k_pages = eight_bit ? key_codes : key_pages.to(dtype);
   const auto v_pages = eight_bit ? value_codes : value_pages.to(dtype);
   const auto cu_q = torch::tensor(offsets_q, torch::kLong);
+  const int64_t misplaced = misplaced_tensor(in, 6);
 
   std::ostringstream case_text;
   case_text << "paged_attention: query " << q.sizes() << " key_pages " << k_pages.sizes()
@@ -464,6 +513,24 @@ void check_paged(const uint8_t* data, size_t size) {
   };
   if (broken == 3) {
     every_backend_refuses(backends, paged, "accepted more keys than a sequence's pages hold");
+    return;
+  }
+  if (misplaced >= 0) {
+    every_backend_refuses(
+        backends,
+        [&](F::Backend backend) {
+          const auto o = F::ScaledDotProductAttentionOptions(options).backend(backend);
+          const auto at = [&](const torch::Tensor& t, int64_t i) {
+            return placed(t, i, misplaced);
+          };
+          if (eight_bit) {
+            return F::paged_attention(at(q, 0), at(k_pages, 1), key_scales, at(v_pages, 2),
+                                      value_scales, at(cu_q, 3), at(lengths, 4), at(table, 5), o);
+          }
+          return F::paged_attention(at(q, 0), at(k_pages, 1), at(v_pages, 2), at(cu_q, 3),
+                                    at(lengths, 4), at(table, 5), o);
+        },
+        "accepted a tensor on the meta device");
     return;
   }
   auto reference = options;
@@ -625,6 +692,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     block_text << "\nscore_mod adding " << c << " x relative position";
   }
 
+  const int64_t misplaced = misplaced_tensor(in, 4);
+
   std::ostringstream case_text;
   case_text << "query " << q.sizes() << " key " << k.sizes() << " value " << v.sizes() << " dtype "
             << q.scalar_type() << " causal " << options.is_causal() << " scale "
@@ -668,6 +737,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto dense = [&](F::Backend backend) {
     return F::scaled_dot_product_attention(q, k, v, options.backend(backend)).output;
   };
+  if (misplaced >= 0) {
+    // Every backend, and the operator (whose kernel the dispatcher picks by the highest device
+    // among the tensors: the Meta kernel here), refuses a tensor on another device.
+    const auto& mask = options.attn_mask();
+    every_backend_refuses(
+        backends,
+        [&](F::Backend backend) {
+          auto moved = options;
+          if (mask.defined()) moved.attn_mask(placed(mask, 3, misplaced));
+          return F::scaled_dot_product_attention(placed(q, 0, misplaced), placed(k, 1, misplaced),
+                                                 placed(v, 2, misplaced), moved.backend(backend))
+              .output;
+        },
+        "accepted a tensor on the meta device");
+    if (misplaced < 3 || mask.defined()) {
+      every_backend_refuses(
+          {{F::Backend::Auto, "the operator"}},
+          [&](F::Backend) {
+            return attention_operator(
+                placed(q, 0, misplaced), placed(k, 1, misplaced), placed(v, 2, misplaced),
+                mask.defined() ? c10::optional<torch::Tensor>(placed(mask, 3, misplaced))
+                               : c10::nullopt,
+                options.is_causal());
+          },
+          "accepted a tensor on the meta device");
+    }
+    return 0;
+  }
   torch::Tensor ref;
   try {
     ref = F::scaled_dot_product_attention(q.to(torch::kDouble), k.to(torch::kDouble),

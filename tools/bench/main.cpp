@@ -33,6 +33,9 @@
 //                               a decoding step at both positions)
 //           dsa:T              (DeepSeek sparse attention over T tokens with top-k 512 and 2048:
 //                               the indexer and the top-k attention against causal attention)
+//           auto               (Backend::Auto's choice against Chunked and Math at T = 8 to
+//                               1024, B=1, H=8, through the functional API and the operator,
+//                               with and without gradients)
 
 #include <attention/attention.h>
 
@@ -257,6 +260,97 @@ void bench_core_train() {
     progress(std::string("core-train ") + name);
     record("core-train", std::string("cpp.core.") + name, "forward+backward", c.t,
            median_ms(step, std::max(1, settings.repeats / 2)), gflop);
+  }
+}
+
+// What Auto chose for the calling thread's last call, by name.
+const char* path_name(F::Path path) {
+  switch (path) {
+    case F::Path::Direct:
+      return "direct";
+    case F::Path::Math:
+      return "math";
+    case F::Path::ChunkedFused:
+      return "chunked";
+    case F::Path::ChunkedTiles:
+      return "chunked-tiles";
+    case F::Path::Native:
+      return "native";
+    case F::Path::None:
+      break;
+  }
+  return "none";
+}
+
+// Auto's choice against each backend where the choice is made: B=1, H=8, head size 64, T from 8
+// to 1024, causal and not, forward and forward+backward, through the functional API and through
+// the operator torch.ops.attention.scaled_dot_product_attention (its CPU and Autograd kernels).
+// Small calls are timed in runs of many, so that each sample is a few milliseconds. Each line's
+// impl names the route (`functional` or `operator`), the backend, and for Auto what it took.
+void bench_auto() {
+  attention::register_operators();
+  const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("attention::scaled_dot_product_attention", "")
+          .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                               const c10::optional<torch::Tensor>&, bool, c10::string_view,
+                               c10::optional<int64_t>, c10::optional<int64_t>,
+                               const c10::optional<torch::Tensor>&, c10::optional<double>,
+                               const c10::optional<torch::Tensor>&, c10::optional<double>, double,
+                               c10::string_view, int64_t)>();
+  const int64_t h = 8, d = 64;
+  std::vector<int64_t> lengths = {8, 16, 32, 64, 128, 256, 512, 1024};
+  if (settings.quick) lengths = {16, 128};
+  const std::pair<Backend, const char*> backends[] = {
+      {Backend::Auto, "auto"}, {Backend::Chunked, "chunked"}, {Backend::Math, "math"}};
+  for (const bool train : {false, true}) {
+    const std::string pass = train ? "forward+backward" : "forward";
+    for (const bool causal : {true, false}) {
+      for (const int64_t t : lengths) {
+        torch::manual_seed(0);
+        const auto q = torch::randn({1, h, t, d}, torch::requires_grad(train));
+        const auto k = torch::randn({1, h, t, d}, torch::requires_grad(train));
+        const auto v = torch::randn({1, h, t, d}, torch::requires_grad(train));
+        const auto upstream = torch::randn({1, h, t, d});
+        // Two products of 2 h t² d flops forward (five more backward), half of them causal.
+        const double flop = (train ? 7.0 : 2.0) * 2.0 * h * t * t * d * (causal ? 0.5 : 1.0);
+        const int64_t calls = std::clamp<int64_t>(static_cast<int64_t>(2e7 / flop), 1, 256);
+        const double gflop = flop / 1e9;
+        for (const auto& [backend, name] : backends) {
+          for (const bool through_op : {false, true}) {
+            const std::string backend_name = name;
+            const auto call = [&, backend = backend] {
+              torch::Tensor out;
+              if (through_op) {
+                out = op.call(q, k, v, c10::nullopt, causal, "bottom_right", c10::nullopt,
+                              c10::nullopt, c10::nullopt, c10::nullopt, c10::nullopt, c10::nullopt,
+                              0.0, backend_name, 256);
+              } else {
+                out = F::scaled_dot_product_attention(
+                          q, k, v,
+                          F::ScaledDotProductAttentionOptions().is_causal(causal).backend(backend))
+                          .output;
+              }
+              if (train) torch::autograd::grad({out}, {q, k, v}, {upstream});
+            };
+            call();
+            const std::string took = backend == Backend::Auto && !through_op
+                                         ? fmt::format("({})", path_name(F::last_path()))
+                                         : "";
+            const double ms = median_ms(
+                                  [&] {
+                                    for (int64_t i = 0; i < calls; ++i) call();
+                                  },
+                                  settings.repeats, false) /
+                              static_cast<double>(calls);
+            record("auto",
+                   fmt::format("cpp.{}.{}{}{}", through_op ? "operator" : "functional", name, took,
+                               causal ? ".causal" : ""),
+                   pass, t, ms, gflop);
+          }
+        }
+      }
+    }
   }
 }
 
@@ -1238,7 +1332,7 @@ int main(int argc, char** argv) {
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
           "        read-rate paged-decode paged-prefill block-mask:T block-attention:T\n"
-          "        mla-decode deltanet dsa:T\n");
+          "        mla-decode deltanet dsa:T auto\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -1260,6 +1354,8 @@ int main(int argc, char** argv) {
       bench_core_train();
     } else if (g == "dtypes") {
       bench_dtypes();
+    } else if (g == "auto") {
+      bench_auto();
     } else if (g.rfind("long-train:", 0) == 0) {
       const auto colon = g.find(':', 11);
       bench_long_train(g.substr(11, colon - 11), std::stoll(g.substr(colon + 1)));

@@ -50,6 +50,11 @@ struct GroupOptions {
 /// interpreter does at start-up), so such a write fails with an error instead; a handler the
 /// program installed itself is left alone.
 ///
+/// Thread safety: rank(), size(), timeout() and bytes_sent() may be called from any thread (the
+/// failure record has a mutex, the byte count is atomic). Collectives must not overlap on one
+/// rank, over all copies of the group: the caller serializes them. Ranks that are threads of one
+/// process each make their own Group. Creating one may change the process's SIGPIPE action.
+///
 /// Example:
 /// \code
 /// // torchrun --standalone --nproc_per_node=2 --no_python ./my_program

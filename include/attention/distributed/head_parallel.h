@@ -31,6 +31,9 @@ namespace distributed {
 /// and results as MultiHeadAttention's, except `need_weights` (refused). A KVCache passed in
 /// holds this rank's key/value heads.
 ///
+/// Thread safety: forward() and gather() are collectives on `group`: one at a time on a rank,
+/// never overlapping another collective of the group there (docs/THREADS.md).
+///
 /// Example:
 /// \code
 /// auto group = attention::distributed::Group::from_env();

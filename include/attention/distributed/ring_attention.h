@@ -49,6 +49,9 @@ struct RingAttentionOptions {
 /// Float and double CPU tensors; every rank must pass the same shapes and options (checked,
 /// with one small collective). A rank that stops makes the others fail within the group's timeout.
 ///
+/// Thread safety: a collective, forward and backward alike: on each rank no other collective of
+/// `group` may run meanwhile (including a backward on another thread).
+///
 /// Example:
 /// \code
 /// namespace dist = attention::distributed;

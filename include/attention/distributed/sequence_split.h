@@ -24,7 +24,7 @@ ATTENTION_DISTRIBUTED_API torch::Tensor shard_sequence(const torch::Tensor& full
 /// error at once. Differentiable in `local`: the gradient of the whole sequence reaches each
 /// rank's shard as that rank's positions of it, which is the gradient of a loss that every rank
 /// computes alike on the whole sequence (a sum of different losses per rank would need their
-/// gradients summed over the ranks first).
+/// gradients summed over the ranks first). Thread safety: a collective, as ring_attention().
 ///
 /// Example:
 /// \code
