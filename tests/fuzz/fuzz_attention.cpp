@@ -692,7 +692,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     block_text << "\nscore_mod adding " << c << " x relative position";
   }
 
-  const int64_t misplaced = misplaced_tensor(in, 4);
+  const int64_t misplaced = misplaced_tensor(in, options.attn_mask().defined() ? 4 : 3);
 
   std::ostringstream case_text;
   case_text << "query " << q.sizes() << " key " << k.sizes() << " value " << v.sizes() << " dtype "
@@ -751,18 +751,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               .output;
         },
         "accepted a tensor on the meta device");
-    if (misplaced < 3 || mask.defined()) {
-      every_backend_refuses(
-          {{F::Backend::Auto, "the operator"}},
-          [&](F::Backend) {
-            return attention_operator(
-                placed(q, 0, misplaced), placed(k, 1, misplaced), placed(v, 2, misplaced),
-                mask.defined() ? c10::optional<torch::Tensor>(placed(mask, 3, misplaced))
-                               : c10::nullopt,
-                options.is_causal());
-          },
-          "accepted a tensor on the meta device");
-    }
+    every_backend_refuses(
+        {{F::Backend::Auto, "the operator"}},
+        [&](F::Backend) {
+          return attention_operator(
+              placed(q, 0, misplaced), placed(k, 1, misplaced), placed(v, 2, misplaced),
+              mask.defined() ? c10::optional<torch::Tensor>(placed(mask, 3, misplaced))
+                             : c10::nullopt,
+              options.is_causal());
+        },
+        "accepted a tensor on the meta device");
     return 0;
   }
   torch::Tensor ref;
