@@ -211,10 +211,18 @@ std::vector<BadInput> cases() {
       {"MHA: KV cache overflow",
        [=]() mutable {
          attention::KVCache cache(6);
+         attention::MultiHeadAttention unbounded(MultiHeadAttentionOptions(8, 8, 2));
+         unbounded(x, MultiHeadAttentionForwardOptions().kv_cache(&cache));
+         unbounded(x.slice(1, 0, 2), MultiHeadAttentionForwardOptions().kv_cache(&cache));
+       },
+       Kind::Value, "cannot append 2 token(s) to the 5 cached: max_length is 6"},
+      {"MHA: a KV cache past context_length",
+       [=]() mutable {
+         attention::KVCache cache(8);
          mha(x, MultiHeadAttentionForwardOptions().kv_cache(&cache));
          mha(x.slice(1, 0, 2), MultiHeadAttentionForwardOptions().kv_cache(&cache));
        },
-       Kind::Value, "cannot append 2 token(s) to the 5 cached: max_length is 6"},
+       Kind::Value, "expected at most context_length = 6 keys, got 7"},
       {"MHA: KV cache of another batch",
        [=]() mutable {
          attention::KVCache cache(6);

@@ -6,6 +6,7 @@
 #include <attention/export.h>
 #include <attention/functional.h>
 #include <attention/kv_cache.h>
+#include <attention/norm.h>
 #include <attention/paged_kv_cache.h>
 #include <attention/rotary.h>
 #include <attention/sliding_kv_cache.h>
@@ -28,6 +29,7 @@
 namespace attention {
 
 namespace detail {
+class AttentionCaches;
 class RotaryCache;
 }  // namespace detail
 
@@ -42,7 +44,8 @@ struct MultiHeadAttentionOptions {
         d_in_kv_(d_in) {}
   /// Feature size of the input x.
   TORCH_ARG(int64_t, d_in);
-  /// Feature size of the output; a multiple of num_heads (head_dim = d_out / num_heads).
+  /// Feature size of the output; a multiple of num_heads (head_dim = d_out / num_heads) unless
+  /// head_dim is given.
   TORCH_ARG(int64_t, d_out);
   /// Number of query heads.
   TORCH_ARG(int64_t, num_heads);
@@ -97,6 +100,26 @@ struct MultiHeadAttentionOptions {
   /// `W_gate` (d_in -> d_out, bias as qkv_bias), created after W_query as the book's is, and the
   /// heads' joined outputs multiplied by sigmoid(W_gate x) before out_proj.
   TORCH_ARG(bool, gate) = false;
+  /// With `gate`: the gate's rows in W_query, each head's queries followed by its gate (W_query:
+  /// d_in -> 2 x num_heads x head_dim, as Qwen3.5's `q_proj`), and no W_gate.
+  TORCH_ARG(bool, gate_in_query) = false;
+  /// Features of each head's queries, keys and values; 0 (default) is d_out / num_heads, the
+  /// book's. Given, the heads are num_heads x head_dim wide whatever d_out is, and out_proj maps
+  /// them back to d_out (Qwen3-0.6B: d_in = d_out = 1024, 16 heads of 128; Gemma 3 270M: 640,
+  /// 4 heads of 256). Without out_proj, d_out must be num_heads x head_dim.
+  TORCH_ARG(int64_t, head_dim) = 0;
+  /// QK-norm: the queries and the keys normalized before the rotary step, by `q_norm` and
+  /// `k_norm` (Norm modules of the kind, scope, eps and parameter name given: Qwen3's RMSNorm per
+  /// head, `q_norm.scale`; Gemma 3's zero-centred one; OLMo 3's over the whole projection,
+  /// `q_norm.weight` of num_heads x head_dim). The cached keys are the normalized and rotated
+  /// ones. Unset: none.
+  TORCH_ARG(c10::optional<HeadNormOptions>, qk_norm) = c10::nullopt;
+  /// The values normalized by `v_norm` before attention (Gemma 4: RMS per head, no weight).
+  /// Unset: none.
+  TORCH_ARG(c10::optional<HeadNormOptions>, value_norm) = c10::nullopt;
+  /// The softmax scale, applied to the scores q . k: finite. Unset: 1 / sqrt(head_dim). Gemma's
+  /// `query_pre_attn_scalar` s is scale(1 / sqrt(s)); Gemma 4 scales by 1.
+  TORCH_ARG(c10::optional<double>, scale) = c10::nullopt;
 };
 
 /// Keys and values that one MultiHeadAttention layer hands to later layers: cross-layer KV
@@ -298,8 +321,10 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   /// `mask`: the book's causal-mask buffer, which this module derives.
   std::vector<std::string> derived_buffer_names() const override { return {"mask"}; }
 
-  /// Size of each head's queries, keys and values: d_out / num_heads.
-  int64_t head_dim() const { return options.d_out() / options.num_heads(); }
+  /// Size of each head's queries, keys and values: options.head_dim(), or d_out / num_heads.
+  int64_t head_dim() const {
+    return options.head_dim() > 0 ? options.head_dim() : options.d_out() / options.num_heads();
+  }
 
   /// The buffers the forward reuses between calls for its query, key and value projections when
   /// no gradient is recorded (inference): at most (B * T * d_out + 2 * B * Tk * num_kv_heads *
@@ -314,16 +339,21 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
 
   /// The options the module was built with.
   MultiHeadAttentionOptions options;
-  /// Query projection, d_in -> d_out.
+  /// Query projection, d_in -> num_heads * head_dim (twice that with gate_in_query).
   torch::nn::Linear W_query{nullptr};
-  /// Output gate projection, d_in -> d_out (with `gate(true)`; empty otherwise).
+  /// Output gate projection, d_in -> num_heads * head_dim (with `gate(true)` and not
+  /// gate_in_query; empty otherwise).
   torch::nn::Linear W_gate{nullptr};
   /// Key projection, d_in_kv -> num_kv_heads * head_dim.
   torch::nn::Linear W_key{nullptr};
   /// Value projection, d_in_kv -> num_kv_heads * head_dim.
   torch::nn::Linear W_value{nullptr};
-  /// Output projection, d_out -> d_out (empty with `output_projection(false)`).
+  /// Output projection, num_heads * head_dim -> d_out (empty with `output_projection(false)`).
   torch::nn::Linear out_proj{nullptr};
+  /// The queries' and the keys' norms (with `qk_norm`; empty otherwise).
+  Norm q_norm{nullptr}, k_norm{nullptr};
+  /// The values' norm (with `value_norm`; empty otherwise).
+  Norm v_norm{nullptr};
   /// The attention sinks' logits (num_heads,), with `sinks(true)`; undefined otherwise.
   torch::Tensor sinks;
   /// The relative position bias table (num_buckets, num_heads), with `relative_bias`; undefined
@@ -335,15 +365,32 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(MultiHeadAttentionForwardOptions())})
 
  private:
+  /// A forward call as its checks found it (multi_head_attention.cpp).
+  struct Call;
+  /// A call's queries, keys and values split into heads, (B, H or Hkv, T, head_dim), and its
+  /// gate (B, T, num_heads * head_dim) with `gate`.
+  struct Heads;
+
+  /// Every check of a forward, before anything is computed or appended.
+  Call check_forward(const torch::Tensor& x,
+                     const MultiHeadAttentionForwardOptions& forward_options,
+                     const detail::AttentionCaches& caches) const;
   /// The checks of a forward that reads `shared` keys and values, for x of `batch` rows of
   /// `tokens` tokens.
   void check_shared_kv(const SharedKV& shared,
                        const MultiHeadAttentionForwardOptions& forward_options, int64_t batch,
                        int64_t tokens) const;
-  /// The heads' joined outputs `context` (..., d_out) of the tokens `x` (..., d_in), times
-  /// sigmoid(W_gate x) with `gate(true)`; `context` itself otherwise.
-  torch::Tensor gated(const torch::Tensor& context, const torch::Tensor& x);
-  /// `attention` with this module's variants: alignment, window, soft-capping, ALiBi.
+  /// The projections of the tokens `x` (B, T, d_in) and of the keys' and values' `source`,
+  /// normalized (over each projection or per head, as qk_norm and value_norm say) and split into
+  /// heads; only the queries (and the gate) when `own_keys` is false.
+  Heads project_heads(const torch::Tensor& x, const torch::Tensor& source, bool own_keys);
+  /// The queries, and the keys with `keys_too`, rotated by cos and sin (T, rotary_dim / 2).
+  void rotate_heads(Heads& heads, const torch::Tensor& cos, const torch::Tensor& sin,
+                    bool keys_too) const;
+  /// The heads' joined outputs `context` (..., num_heads * head_dim), times sigmoid(gate) with
+  /// `gate(true)`, through out_proj when there is one.
+  torch::Tensor output_of(const torch::Tensor& context, const torch::Tensor& gate);
+  /// `attention` with this module's variants: alignment, window, soft-capping, ALiBi, scale.
   functional::ScaledDotProductAttentionOptions variants(
       functional::ScaledDotProductAttentionOptions attention) const;
   /// Whether a forward with an 8-bit KVCache reads its codes in place (attend_codes): in

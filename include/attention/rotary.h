@@ -39,6 +39,25 @@ struct Llama3RopeScaling {
   TORCH_ARG(int64_t, original_context_length) = 8192;
 };
 
+/// YaRN's frequency scaling (Peng et al. 2023; `rope_scaling` with `rope_type: "yarn"`, OLMo 3):
+/// with the wavelengths' count of turns within original_context_length, pairs that turn more
+/// than beta_fast times keep their frequency, those that turn fewer than beta_slow times are
+/// divided by `factor`, those between blend linearly; cos and sin are then multiplied by
+/// attention_factor (so the scores by its square).
+struct YarnRopeScaling {
+  /// Scaling of the low frequencies: finite and >= 1.
+  TORCH_ARG(double, factor) = 8.0;
+  /// The context length the model was first trained at: 1 to INT64_MAX.
+  TORCH_ARG(int64_t, original_context_length) = 8192;
+  /// Turns above which a pair keeps its frequency (32 in YaRN and OLMo 3): finite, > beta_slow.
+  TORCH_ARG(double, beta_fast) = 32.0;
+  /// Turns below which a pair is scaled (1 in YaRN and OLMo 3): finite and > 0.
+  TORCH_ARG(double, beta_slow) = 1.0;
+  /// The factor on cos and sin; unset: 0.1 ln(factor) + 1, YaRN's (OLMo 3's configuration gives
+  /// the same, 1.2079441541679836 at factor 8). Finite and > 0.
+  TORCH_ARG(c10::optional<double>, attention_factor) = c10::nullopt;
+};
+
 /// Options of apply_rotary() and of MultiHeadAttentionOptions::rope.
 struct RotaryOptions {
   /// The base of the frequencies, `rope_theta` in Hugging Face configurations: finite and > 1
@@ -50,19 +69,28 @@ struct RotaryOptions {
   TORCH_ARG(int64_t, rotary_dim) = 0;
   /// Which features form the pairs.
   TORCH_ARG(RotaryLayout, layout) = RotaryLayout::HalfSplit;
+  /// How many of the rotary_dim / 2 pairs turn, counted from the first; the others keep angle 0
+  /// (cos 1, sin 0: unchanged), their frequencies still counted in the exponents. Gemma 4's
+  /// "proportional" rotary on its full-attention layers turns a quarter of a head's pairs with
+  /// the frequencies of the whole head (rotary_dim = head size). 0: all of them; at most
+  /// rotary_dim / 2.
+  TORCH_ARG(int64_t, rotated_pairs) = 0;
   /// Llama 3.1's frequency scaling; unset: none.
   TORCH_ARG(c10::optional<Llama3RopeScaling>, llama3_scaling) = c10::nullopt;
+  /// YaRN's frequency scaling; unset: none. Not with llama3_scaling.
+  TORCH_ARG(c10::optional<YarnRopeScaling>, yarn_scaling) = c10::nullopt;
 };
 
 /// The rotation frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2, after scaling: float64,
 /// (rotary_dim / 2,). `rotary_dim` must be resolved (> 0).
 ///
 /// Throws c10::ValueError for a rotary_dim that is not even and > 0, a theta that is not finite
-/// and > 1, or llama3_scaling outside its bounds (see Llama3RopeScaling).
+/// and > 1, rotated_pairs outside [0, rotary_dim / 2], or a scaling outside its bounds (see
+/// Llama3RopeScaling and YarnRopeScaling; both at once are refused).
 ATTENTION_API torch::Tensor rotary_frequencies(const RotaryOptions& options);
 
 /// cos and sin of the angles position x frequency, (T, rotary_dim / 2) each, computed in float64
-/// and rounded once to `dtype`. `positions`: (T,) integers, any int64 value; each position is
+/// (times YaRN's attention factor with yarn_scaling) and rounded once to `dtype`. `positions`: (T,) integers, any int64 value; each position is
 /// converted to float64 and multiplied by its frequency there, so an angle carries a relative
 /// error of about 2^-53 (absolute error grows with the position: about 1e-7 radians at 2^31).
 ///

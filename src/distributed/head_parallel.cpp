@@ -92,10 +92,11 @@ HeadParallelMultiHeadAttentionImpl::HeadParallelMultiHeadAttentionImpl(
       {o.d_in(), o.d_out(), o.num_heads(), o.num_kv_heads(), o.d_in_kv(), o.context_length(),
        o.qkv_bias(), o.out_bias(), o.output_projection(), o.causal(),
        static_cast<int64_t>(o.causal_alignment()), o.sliding_window().value_or(0),
-       softcap_bits(o.softcap()), o.alibi(), o.sinks(), o.rope().has_value()},
+       softcap_bits(o.softcap()), o.alibi(), o.sinks(), o.rope().has_value(),
+       softcap_bits(o.scale())},
       "module options (d_in, d_out, num_heads, num_kv_heads, d_in_kv, context_length, qkv_bias, "
       "out_bias, output_projection, causal, causal_alignment, sliding_window, softcap, alibi, "
-      "sinks, rope)",
+      "sinks, rope, scale)",
       kName);
   reset();
 }
@@ -115,6 +116,11 @@ void HeadParallelMultiHeadAttentionImpl::reset() {
                     ": a relative position bias and an output gate are not split across ranks "
                     "(each rank's heads would need their share of the table or of W_gate); use "
                     "neither here");
+  TORCH_CHECK_VALUE(!o.qk_norm() && !o.value_norm() && o.head_dim() == 0 && !o.gate_in_query(),
+                    kName,
+                    ": QK-norm, a value norm, head_dim and gate_in_query are not split across "
+                    "ranks (a norm over the projection spans every rank's heads); use none of "
+                    "them here");
   TORCH_CHECK_VALUE(o.output_projection(), kName,
                     ": expected a module with an output projection (output_projection(true)); "
                     "without one the heads' outputs are concatenated, not summed");
@@ -133,6 +139,7 @@ void HeadParallelMultiHeadAttentionImpl::reset() {
                    .sliding_window(o.sliding_window())
                    .softcap(o.softcap())
                    .rope(o.rope())
+                   .scale(o.scale())
                    .output_projection(false);
   heads = MultiHeadAttention(local);
   // The heads' projections are this module's own parameters, under the full module's names.

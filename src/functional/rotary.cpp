@@ -41,13 +41,51 @@ void check_scaling(const Llama3RopeScaling& s, const char* caller) {
                     s.original_context_length());
 }
 
+// YaRN: beta_fast above beta_slow > 0 (turns within the original context), an attention factor
+// that scales and does not flip.
+void check_yarn(const YarnRopeScaling& s, const char* caller) {
+  TORCH_CHECK_VALUE(std::isfinite(s.factor()) && s.factor() >= 1.0, caller,
+                    ": expected a finite yarn_scaling factor >= 1, got ", s.factor());
+  TORCH_CHECK_VALUE(s.original_context_length() > 0, caller,
+                    ": expected yarn_scaling original_context_length > 0, got ",
+                    s.original_context_length());
+  TORCH_CHECK_VALUE(std::isfinite(s.beta_fast()) && std::isfinite(s.beta_slow()) &&
+                        s.beta_slow() > 0.0 && s.beta_fast() > s.beta_slow(),
+                    caller, ": expected yarn_scaling with 0 < beta_slow < beta_fast, got ",
+                    s.beta_slow(), " and ", s.beta_fast());
+  TORCH_CHECK_VALUE(!s.attention_factor() ||
+                        (std::isfinite(*s.attention_factor()) && *s.attention_factor() > 0.0),
+                    caller, ": expected a finite yarn_scaling attention_factor > 0, got ",
+                    s.attention_factor().value_or(0.0));
+}
+
+// What every caller checks of the options besides rotary_dim: theta, the rotated pairs of a
+// rotary_dim, the scalings.
+void check_common(const RotaryOptions& options, const char* caller) {
+  check_theta(options.theta(), caller);
+  TORCH_CHECK_VALUE(
+      options.rotated_pairs() >= 0 && options.rotated_pairs() <= options.rotary_dim() / 2, caller,
+      ": expected rotated_pairs in [0, ", options.rotary_dim() / 2,
+      "] (rotary_dim / 2; 0 for all), got ", options.rotated_pairs());
+  TORCH_CHECK_VALUE(!(options.llama3_scaling() && options.yarn_scaling()), caller,
+                    ": expected at most one of llama3_scaling and yarn_scaling, got both");
+  if (options.llama3_scaling()) check_scaling(*options.llama3_scaling(), caller);
+  if (options.yarn_scaling()) check_yarn(*options.yarn_scaling(), caller);
+}
+
 // The options of the tables, rotary_dim resolved: what rotary_frequencies and rotary_tables
 // check before they compute.
 void check_resolved(const RotaryOptions& options, const char* caller) {
-  check_theta(options.theta(), caller);
   TORCH_CHECK_VALUE(options.rotary_dim() > 0 && options.rotary_dim() % 2 == 0, caller,
                     ": expected an even rotary_dim > 0, got ", options.rotary_dim());
-  if (options.llama3_scaling()) check_scaling(*options.llama3_scaling(), caller);
+  check_common(options, caller);
+}
+
+// YaRN's attention factor, 1 without yarn_scaling.
+double attention_factor(const RotaryOptions& options) {
+  if (!options.yarn_scaling()) return 1.0;
+  const auto& s = *options.yarn_scaling();
+  return s.attention_factor().value_or(0.1 * std::log(s.factor()) + 1.0);
 }
 
 void check_position_dtype(const torch::Tensor& positions, const char* caller) {
@@ -61,6 +99,26 @@ torch::Tensor frequencies(const RotaryOptions& options) {
   const int64_t r = options.rotary_dim();
   auto freq = torch::pow(options.theta(),
                          -torch::arange(0, r, 2, torch::TensorOptions().dtype(torch::kDouble)) / r);
+  if (options.rotated_pairs() > 0)
+    freq.narrow(0, options.rotated_pairs(), r / 2 - options.rotated_pairs()).zero_();
+  if (options.yarn_scaling()) {
+    // The pair whose wavelength turns `turns` times within the original context: its index in
+    // the exponents, rotary_dim ln(L / (turns 2 pi)) / (2 ln theta), bounded to the pairs.
+    const auto& s = *options.yarn_scaling();
+    const double log_theta = std::log(options.theta());
+    const auto pair_turning = [&](double turns) {
+      return r * std::log(static_cast<double>(s.original_context_length()) / (turns * 2 * kPi)) /
+             (2 * log_theta);
+    };
+    const double low = std::max(std::floor(pair_turning(s.beta_fast())), 0.0);
+    const double high =
+        std::min(std::ceil(pair_turning(s.beta_slow())), static_cast<double>(r - 1));
+    // Pairs before `low` keep their frequency, those after `high` are divided by the factor.
+    const auto ramp = ((torch::arange(r / 2, torch::TensorOptions().dtype(torch::kDouble)) - low) /
+                       (high > low ? high - low : 0.001))
+                          .clamp(0.0, 1.0);
+    return freq / s.factor() * ramp + freq * (1 - ramp);
+  }
   if (!options.llama3_scaling()) return freq;
   const auto& s = *options.llama3_scaling();
   const double old = static_cast<double>(s.original_context_length());
@@ -81,7 +139,9 @@ std::pair<torch::Tensor, torch::Tensor> tables(const torch::Tensor& positions,
                                                const RotaryOptions& options, at::ScalarType dtype) {
   const auto freq = frequencies(options).to(positions.device());
   const auto angles = positions.to(torch::kDouble).unsqueeze(-1) * freq;
-  return {angles.cos().to(dtype), angles.sin().to(dtype)};
+  const double factor = attention_factor(options);
+  if (factor == 1.0) return {angles.cos().to(dtype), angles.sin().to(dtype)};
+  return {(angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)};
 }
 
 }  // namespace
@@ -99,7 +159,7 @@ functional::RotaryOptions resolve_rotary(functional::RotaryOptions options, int6
       options.rotary_dim() > 0 && options.rotary_dim() % 2 == 0 && options.rotary_dim() <= head_dim,
       caller, ": expected an even rotary_dim in [2, ", head_dim,
       "] (the head size; 0 for all of it), got ", options.rotary_dim());
-  if (options.llama3_scaling()) functional::check_scaling(*options.llama3_scaling(), caller);
+  functional::check_common(options, caller);
   return options;
 }
 

@@ -55,6 +55,11 @@ torch::nn::MultiheadAttention to_torch(const MultiHeadAttentionImpl& mha) {
       "attention::to_torch: torch::nn::MultiheadAttention has no rotary embedding, ",
       "soft-capping, ALiBi, sinks, output gate or relative position bias, and this "
       "module uses one of them");
+  TORCH_CHECK_VALUE(!o.qk_norm() && !o.value_norm() && !o.scale() &&
+                        (o.head_dim() == 0 || o.head_dim() * o.num_heads() == o.d_out()),
+                    "attention::to_torch: torch::nn::MultiheadAttention has no QK-norm, value "
+                    "norm, scale of its own or head size apart from d_out / num_heads, and this "
+                    "module uses one of them");
   torch::nn::MultiheadAttention out(torch::nn::MultiheadAttentionOptions(o.d_out(), o.num_heads())
                                         .dropout(o.dropout())
                                         .bias(true));

@@ -2,6 +2,7 @@
 #include <attention/paged_attention.h>
 
 #include "functional/rotary_cache.h"
+#include "modules/attention_caches.h"
 #include "modules/projection.h"
 #include "modules/shared.h"
 
@@ -23,39 +24,31 @@ torch::Tensor combine_masks(const torch::Tensor& attn_mask, const torch::Tensor&
   return attn_mask.masked_fill(padding, -std::numeric_limits<double>::infinity());
 }
 
-// The caches a forward appends to, as they were before it: put back when the forward is refused
-// after the append (context_length, masks, or the backend), so that a refused call changes
-// nothing. A copy shares the storage: a KVCache's later positions may be written, but its length
-// (and, if it had none, its storage) comes back, and a SlidingKVCache's append makes new tensors.
-class CacheRollback {
- public:
-  CacheRollback(KVCache* cache, SlidingKVCache* sliding) : cache_(cache), sliding_(sliding) {
-    if (cache_) saved_cache_ = *cache_;
-    if (sliding_) saved_sliding_ = *sliding_;
-  }
-  CacheRollback(const CacheRollback&) = delete;
-  CacheRollback& operator=(const CacheRollback&) = delete;
-  ~CacheRollback() {
-    if (done_) return;
-    if (cache_) *cache_ = *saved_cache_;
-    if (sliding_) *sliding_ = *saved_sliding_;
-  }
-  void keep() { done_ = true; }
-
- private:
-  KVCache* cache_;
-  SlidingKVCache* sliding_;
-  c10::optional<KVCache> saved_cache_;
-  c10::optional<SlidingKVCache> saved_sliding_;
-  bool done_ = false;
-};
-
 }  // namespace
 
 MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_)
     : options(options_) {
   reset();
 }
+
+namespace {
+
+// A Norm of `size` features as `options` describe it.
+Norm make_norm(const HeadNormOptions& options, int64_t size) {
+  return Norm(NormOptions(size)
+                  .kind(options.kind())
+                  .eps(options.eps())
+                  .elementwise_affine(options.elementwise_affine())
+                  .parameter_name(options.parameter_name()));
+}
+
+// `options` of a head norm, checked before any parameter is made.
+void check_head_norm(const HeadNormOptions& options, const char* which) {
+  TORCH_CHECK_VALUE(std::isfinite(options.eps()) && options.eps() >= 0.0, kMultiHeadAttentionName,
+                    ": expected ", which, " with a finite eps >= 0, got ", options.eps());
+}
+
+}  // namespace
 
 void MultiHeadAttentionImpl::reset() {
   const auto& o = options;
@@ -66,12 +59,28 @@ void MultiHeadAttentionImpl::reset() {
                                     {o.d_in_kv(), "d_in_kv"}}) {
     detail::check_positive(value, name, kMultiHeadAttentionName);
   }
-  TORCH_CHECK_VALUE(o.d_out() % o.num_heads() == 0, kMultiHeadAttentionName,
+  TORCH_CHECK_VALUE(o.head_dim() >= 0, kMultiHeadAttentionName,
+                    ": expected head_dim >= 0 (0: d_out / num_heads), got ", o.head_dim());
+  TORCH_CHECK_VALUE(o.head_dim() > 0 || o.d_out() % o.num_heads() == 0, kMultiHeadAttentionName,
                     ": expected num_heads to divide d_out, ", "got d_out ", o.d_out(),
-                    " and num_heads ", o.num_heads());
+                    " and num_heads ", o.num_heads(), " (or give head_dim)");
   TORCH_CHECK_VALUE(o.num_heads() % o.num_kv_heads() == 0, kMultiHeadAttentionName,
                     ": expected num_kv_heads to divide num_heads, got num_heads ", o.num_heads(),
                     " and num_kv_heads ", o.num_kv_heads());
+  // The heads' width, twice it for the queries with their gate: products that must fit.
+  int64_t heads_width = 0, query_width = 0;
+  TORCH_CHECK_VALUE(
+      !__builtin_mul_overflow(o.num_heads(), head_dim(), &heads_width) &&
+          !__builtin_mul_overflow(heads_width, o.gate_in_query() ? 2 : 1, &query_width),
+      kMultiHeadAttentionName, ": num_heads x head_dim = ", o.num_heads(), " x ", head_dim(),
+      " (twice that with gate_in_query) exceeds INT64_MAX");
+  TORCH_CHECK_VALUE(o.output_projection() || heads_width == o.d_out(), kMultiHeadAttentionName,
+                    ": without out_proj the output is the heads joined: expected d_out = "
+                    "num_heads x head_dim = ",
+                    heads_width, ", got ", o.d_out());
+  TORCH_CHECK_VALUE(
+      !o.gate_in_query() || o.gate(), kMultiHeadAttentionName,
+      ": gate_in_query places the output gate's rows in W_query: expected gate(true)");
   TORCH_CHECK_VALUE(o.context_length() >= 0, kMultiHeadAttentionName,
                     ": expected context_length >= 0, got ", o.context_length());
   TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, kMultiHeadAttentionName,
@@ -81,6 +90,10 @@ void MultiHeadAttentionImpl::reset() {
   TORCH_CHECK_VALUE(!o.softcap() || (std::isfinite(*o.softcap()) && *o.softcap() > 0.0),
                     kMultiHeadAttentionName,
                     ": expected a finite softcap > 0 (unset for none), got ", *o.softcap());
+  TORCH_CHECK_VALUE(!o.scale() || std::isfinite(*o.scale()), kMultiHeadAttentionName,
+                    ": expected a finite scale (unset for 1 / sqrt(head_dim)), got ", *o.scale());
+  if (o.qk_norm()) check_head_norm(*o.qk_norm(), "qk_norm");
+  if (o.value_norm()) check_head_norm(*o.value_norm(), "value_norm");
   alibi_slopes_ = o.alibi() ? functional::alibi_slopes(o.num_heads()) : torch::Tensor();
   rotary_ = o.rope() ? std::make_shared<detail::RotaryCache>(
                            detail::resolve_rotary(*o.rope(), head_dim(), kMultiHeadAttentionName))
@@ -88,19 +101,35 @@ void MultiHeadAttentionImpl::reset() {
   const int64_t kv_dim = o.num_kv_heads() * head_dim();
   using torch::nn::LinearOptions;
   W_query = register_module(
-      "W_query", torch::nn::Linear(LinearOptions(o.d_in(), o.d_out()).bias(o.qkv_bias())));
+      "W_query", torch::nn::Linear(LinearOptions(o.d_in(), query_width).bias(o.qkv_bias())));
   // The book's GatedMultiHeadAttention makes its gate right after the queries.
-  W_gate = o.gate() ? register_module(
-                          "W_gate",
-                          torch::nn::Linear(LinearOptions(o.d_in(), o.d_out()).bias(o.qkv_bias())))
-                    : torch::nn::Linear(nullptr);
+  W_gate = o.gate() && !o.gate_in_query()
+               ? register_module(
+                     "W_gate",
+                     torch::nn::Linear(LinearOptions(o.d_in(), heads_width).bias(o.qkv_bias())))
+               : torch::nn::Linear(nullptr);
   W_key = register_module("W_key",
                           torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
   W_value = register_module(
       "W_value", torch::nn::Linear(LinearOptions(o.d_in_kv(), kv_dim).bias(o.qkv_bias())));
   if (o.output_projection()) {
     out_proj = register_module(
-        "out_proj", torch::nn::Linear(LinearOptions(o.d_out(), o.d_out()).bias(o.out_bias())));
+        "out_proj", torch::nn::Linear(LinearOptions(heads_width, o.d_out()).bias(o.out_bias())));
+  }
+  // The norms after out_proj, as the zoo's classes make them; they draw nothing from the
+  // generator, so the other parameters keep the book's seeded values.
+  const auto norm_size = [&](const HeadNormOptions& n, int64_t heads) {
+    return n.scope() == HeadNormScope::PerHead ? head_dim() : heads * head_dim();
+  };
+  if (o.qk_norm()) {
+    q_norm =
+        register_module("q_norm", make_norm(*o.qk_norm(), norm_size(*o.qk_norm(), o.num_heads())));
+    k_norm = register_module("k_norm",
+                             make_norm(*o.qk_norm(), norm_size(*o.qk_norm(), o.num_kv_heads())));
+  }
+  if (o.value_norm()) {
+    v_norm = register_module(
+        "v_norm", make_norm(*o.value_norm(), norm_size(*o.value_norm(), o.num_kv_heads())));
   }
   // Drawn after out_proj, so that the other parameters keep the book's seeded values.
   sinks = o.sinks() ? register_parameter("sinks", torch::randn({o.num_heads()}) * 0.02)
@@ -113,15 +142,16 @@ void MultiHeadAttentionImpl::reset() {
           : torch::Tensor();
 }
 
-torch::Tensor MultiHeadAttentionImpl::gated(const torch::Tensor& context, const torch::Tensor& x) {
-  if (!W_gate) return context;
-  return context * torch::sigmoid(detail::project(W_gate, x));
+torch::Tensor MultiHeadAttentionImpl::output_of(const torch::Tensor& context,
+                                                const torch::Tensor& gate) {
+  const auto gated = gate.defined() ? context * torch::sigmoid(gate) : context;
+  return out_proj ? detail::project(out_proj, gated) : gated;
 }
 
 functional::ScaledDotProductAttentionOptions MultiHeadAttentionImpl::variants(
     functional::ScaledDotProductAttentionOptions attention) const {
   const auto& o = options;
-  attention.causal_alignment(o.causal_alignment()).softcap(o.softcap());
+  attention.causal_alignment(o.causal_alignment()).softcap(o.softcap()).scale(o.scale());
   if (o.sliding_window()) {
     attention.window_left(*o.sliding_window() - 1);
     if (!o.causal()) attention.window_right(*o.sliding_window() - 1);
@@ -192,27 +222,57 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   if (rotary_) {
     const auto& r = rotary_->options();
     stream << ", rope(theta=" << r.theta() << ", rotary_dim=" << r.rotary_dim() << ", layout="
-           << (r.layout() == functional::RotaryLayout::HalfSplit ? "HalfSplit" : "Interleaved")
-           << (r.llama3_scaling() ? ", llama3_scaling" : "") << ")";
+           << (r.layout() == functional::RotaryLayout::HalfSplit ? "HalfSplit" : "Interleaved");
+    if (r.rotated_pairs() > 0) stream << ", rotated_pairs=" << r.rotated_pairs();
+    stream << (r.llama3_scaling() ? ", llama3_scaling" : "")
+           << (r.yarn_scaling() ? ", yarn_scaling" : "") << ")";
   }
+  if (o.head_dim() > 0) stream << ", head_dim=" << o.head_dim();
+  if (o.gate_in_query()) stream << ", gate_in_query=true";
+  if (o.scale()) stream << ", scale=" << *o.scale();
+  const auto norm = [&](const char* name, const c10::optional<HeadNormOptions>& n) {
+    if (!n) return;
+    const char* kinds[] = {"RMS", "ZeroCenteredRMS", "LayerNorm"};
+    stream << ", " << name << "(" << kinds[static_cast<int>(n->kind())]
+           << (n->scope() == HeadNormScope::PerHead ? ", per head" : ", over the projection")
+           << ", eps=" << n->eps() << (n->elementwise_affine() ? "" : ", no weight") << ")";
+  };
+  norm("qk_norm", o.qk_norm());
+  norm("value_norm", o.value_norm());
   stream << ")";
 }
 
-functional::AttentionOutput MultiHeadAttentionImpl::forward(
-    const torch::Tensor& x, const MultiHeadAttentionForwardOptions& forward_options) {
+struct MultiHeadAttentionImpl::Call {
+  torch::Tensor x;       // (B, T, d_in): the input, batched
+  torch::Tensor source;  // (B, Tk_new, d_in_kv): what the keys and values are projected from
+  bool unbatched = false;
+  int64_t batch = 0, tokens = 0;
+  int64_t keys = 0;             // how many keys the call attends to, the cache's included
+  torch::Tensor mask;           // attn_mask with the key padding folded in (batched)
+  bool codes_in_place = false;  // an 8-bit KVCache read in place (attend_codes)
+};
+
+struct MultiHeadAttentionImpl::Heads {
+  torch::Tensor queries, keys, values, gate;
+};
+
+MultiHeadAttentionImpl::Call MultiHeadAttentionImpl::check_forward(
+    const torch::Tensor& x, const MultiHeadAttentionForwardOptions& forward_options,
+    const detail::AttentionCaches& caches) const {
   using detail::shape_str;
   const auto& weight = W_query->weight;
   detail::check_module_input(x, options.d_in(), weight, kMultiHeadAttentionName, "input");
-  const bool unbatched = x.dim() == 2;
-  const auto batched = [&](const torch::Tensor& t) { return unbatched ? t.unsqueeze(0) : t; };
-  const torch::Tensor xb = batched(x);
-  torch::Tensor source = xb;
+  Call call;
+  call.unbatched = x.dim() == 2;
+  const auto batched = [&](const torch::Tensor& t) { return call.unbatched ? t.unsqueeze(0) : t; };
+  call.x = batched(x);
+  call.source = call.x;
   if (forward_options.context().defined()) {
     const auto& context = forward_options.context();
     detail::check_module_input(context, options.d_in_kv(), weight, kMultiHeadAttentionName,
                                "context");
     detail::check_same_batch(x, context, kMultiHeadAttentionName, "x", "context");
-    source = batched(context);
+    call.source = batched(context);
   }
   auto* const sliding = forward_options.sliding_kv_cache();
   TORCH_CHECK_VALUE(!(sliding && forward_options.kv_cache()), kMultiHeadAttentionName,
@@ -235,58 +295,24 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   TORCH_CHECK_VALUE(!rotary_ || !forward_options.context().defined(), kMultiHeadAttentionName,
                     ": rotary embeddings need queries and keys of one sequence; got a context "
                     "(cross-attention): use a module without rope for it");
-  const int64_t B = xb.size(0), t_q = xb.size(1), H = options.num_heads();
-  const int64_t H_kv = options.num_kv_heads(), hd = head_dim();
-  const SharedKV* const shared = forward_options.shared_kv();
-  if (shared) check_shared_kv(*shared, forward_options, B, t_q);
+  call.batch = call.x.size(0);
+  call.tokens = call.x.size(1);
+  if (forward_options.shared_kv()) {
+    check_shared_kv(*forward_options.shared_kv(), forward_options, call.batch, call.tokens);
+  }
   TORCH_CHECK_VALUE(!(forward_options.share_kv() && sliding), kMultiHeadAttentionName,
                     ": share_kv hands on the keys of a kv_cache or of this call, not of a "
                     "sliding_kv_cache (their positions move with the window)");
-
-  torch::Tensor queries, keys, values;
-  if (shared) {
-    // A reading layer's keys and values are its producer's: only the queries are its own.
-    queries = detail::project(W_query, xb, &workspace_).view({B, t_q, H, hd}).transpose(1, 2);
-    keys = shared->keys;
-    values = shared->values;
-  } else {
-    const auto [q, k, v] = detail::project_qkv(W_query, W_key, W_value, xb, source, &workspace_);
-    queries = q.view({B, t_q, H, hd}).transpose(1, 2);
-    keys = k.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
-    values = v.view({B, source.size(1), H_kv, hd}).transpose(1, 2);
-  }
-  if (rotary_) {
-    // After a cache's tokens, the new ones continue their positions; shared keys arrive rotated,
-    // this call's tokens last.
-    const int64_t past = forward_options.kv_cache() ? forward_options.kv_cache()->length()
-                         : sliding                  ? sliding->position()
-                         : shared                   ? keys.size(2) - t_q
-                                                    : 0;
-    auto [cos, sin] = rotary_->rows(past, t_q, queries.scalar_type(), queries.device());
-    queries = detail::rotate(queries, cos, sin, rotary_->options().layout());
-    if (!shared) keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
-  }
-  CacheRollback rollback(forward_options.kv_cache(), sliding);
-  KVCache* const cache = forward_options.kv_cache();
-  // An 8-bit cache's codes are read in place where the paged kernel takes the call (and no
-  // later layer wants the keys); otherwise its append() gives the keys and values they stand for.
-  const bool codes_in_place = cache && cache->quantized() && cache->length() + keys.size(2) > 0 &&
-                              !forward_options.share_kv() &&
-                              reads_codes_in_place(xb, forward_options);
-  if (codes_in_place) {
-    cache->write(keys, values);
-  } else if (cache) {
-    std::tie(keys, values) = cache->append(keys, values);
-  }
-  if (sliding) std::tie(keys, values) = sliding->append(keys, values);
-  const int64_t t_k = codes_in_place ? cache->length() : keys.size(2);
-  TORCH_CHECK_VALUE(
-      options.context_length() == 0 || t_k <= options.context_length(), kMultiHeadAttentionName,
-      ": expected at most context_length = ", options.context_length(), " keys, got ", t_k);
-
+  const int64_t new_keys = call.source.size(1);
+  call.keys = caches.keys(new_keys);
+  TORCH_CHECK_VALUE(options.context_length() == 0 || call.keys <= options.context_length(),
+                    kMultiHeadAttentionName,
+                    ": expected at most context_length = ", options.context_length(), " keys, got ",
+                    call.keys);
+  const int64_t t_q = call.tokens, t_k = call.keys, B = call.batch, H = options.num_heads();
   const auto& padding = forward_options.key_padding_mask();
   if (padding.defined()) {
-    const auto expected = unbatched ? std::vector<int64_t>{t_k} : std::vector<int64_t>{B, t_k};
+    const auto expected = call.unbatched ? std::vector<int64_t>{t_k} : std::vector<int64_t>{B, t_k};
     TORCH_CHECK_TYPE(padding.scalar_type() == at::kBool, kMultiHeadAttentionName,
                      ": expected key_padding_mask of dtype bool (true = padding), got ",
                      padding.scalar_type());
@@ -300,7 +326,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
   const auto& attn_mask = forward_options.attn_mask();
   if (attn_mask.defined()) {
     const auto scores =
-        unbatched ? std::vector<int64_t>{H, t_q, t_k} : std::vector<int64_t>{B, H, t_q, t_k};
+        call.unbatched ? std::vector<int64_t>{H, t_q, t_k} : std::vector<int64_t>{B, H, t_q, t_k};
     TORCH_CHECK_VALUE(detail::broadcastable_to(attn_mask.sizes(), scores), kMultiHeadAttentionName,
                       ": expected attn_mask broadcastable to ", shape_str(scores), ", got ",
                       shape_str(attn_mask.sizes()));
@@ -308,6 +334,7 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                 ": expected attn_mask on device ", x.device(), " (the input's), got ",
                 attn_mask.device());
   }
+  call.mask = combine_masks(attn_mask, padding.defined() ? batched(padding) : padding);
   TORCH_CHECK_VALUE(!(forward_options.score_mod() && sliding), kMultiHeadAttentionName,
                     ": takes no score_mod with a sliding_kv_cache (its keys' positions move with "
                     "the window)");
@@ -326,32 +353,105 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
                       " and heads 1 or ", H, ", got batch ", blocks->batch(), " and heads ",
                       blocks->heads());
   }
+  // An 8-bit cache's codes are read in place where the paged kernel takes the call (and no later
+  // layer wants the keys); otherwise its append() gives the keys and values they stand for.
+  const KVCache* cache = forward_options.kv_cache();
+  call.codes_in_place = cache && cache->quantized() && t_k > 0 && !forward_options.share_kv() &&
+                        reads_codes_in_place(call.x, forward_options);
+  return call;
+}
 
-  auto attention =
-      codes_in_place
-          ? functional::AttentionOutput{attend_codes(queries, *cache, forward_options.backend()),
-                                        {}}
-          : functional::scaled_dot_product_attention(
-                queries, keys, values,
-                variants(functional::ScaledDotProductAttentionOptions()
-                             .attn_mask(combine_masks(
-                                 attn_mask, padding.defined() ? batched(padding) : padding))
-                             .block_mask(blocks)
-                             .score_mod(forward_options.score_mod())
-                             .is_causal(options.causal())
-                             .dropout_p(is_training() ? options.dropout() : 0.0)
-                             .need_weights(forward_options.need_weights())
-                             .backend(forward_options.backend())));
+MultiHeadAttentionImpl::Heads MultiHeadAttentionImpl::project_heads(const torch::Tensor& x,
+                                                                    const torch::Tensor& source,
+                                                                    bool own_keys) {
+  const int64_t B = x.size(0), t_q = x.size(1), H = options.num_heads();
+  const int64_t H_kv = options.num_kv_heads(), hd = head_dim();
+  const auto& qk = options.qk_norm();
+  const auto& v = options.value_norm();
+  const auto over_projection = [](const c10::optional<HeadNormOptions>& n) {
+    return n && n->scope() == HeadNormScope::Projection;
+  };
+  const auto per_head = [](const c10::optional<HeadNormOptions>& n) {
+    return n && n->scope() == HeadNormScope::PerHead;
+  };
+  // (B, T, heads x hd) -> (B, heads, T, hd), normalized over the whole projection before the
+  // split or per head after it.
+  const auto split = [&](torch::Tensor flat, int64_t heads, Norm norm,
+                         const c10::optional<HeadNormOptions>& n) {
+    if (over_projection(n)) flat = norm(flat);
+    auto split_heads = flat.view({B, flat.size(1), heads, hd}).transpose(1, 2);
+    return per_head(n) ? norm(split_heads) : split_heads;
+  };
+  Heads heads;
+  torch::Tensor q;
+  if (own_keys) {
+    auto [projected_q, k, projected_v] =
+        detail::project_qkv(W_query, W_key, W_value, x, source, &workspace_);
+    q = projected_q;
+    heads.keys = split(k, H_kv, k_norm, qk);
+    heads.values = split(projected_v, H_kv, v_norm, v);
+  } else {
+    q = detail::project(W_query, x, &workspace_);
+  }
+  if (options.gate_in_query()) {
+    // Each head's queries, then its gate (Qwen3.5's q_proj).
+    const auto both = q.view({B, t_q, H, 2 * hd});
+    heads.gate = both.narrow(-1, hd, hd).reshape({B, t_q, H * hd});
+    q = both.narrow(-1, 0, hd).reshape({B, t_q, H * hd});
+  } else if (W_gate) {
+    heads.gate = detail::project(W_gate, x);
+  }
+  heads.queries = split(q, H, q_norm, qk);
+  return heads;
+}
 
-  auto context_vec = gated(attention.output.transpose(1, 2).reshape({B, t_q, options.d_out()}), xb);
-  auto output = out_proj ? detail::project(out_proj, context_vec) : context_vec;
+void MultiHeadAttentionImpl::rotate_heads(Heads& heads, const torch::Tensor& cos,
+                                          const torch::Tensor& sin, bool keys_too) const {
+  const auto layout = rotary_->options().layout();
+  heads.queries = detail::rotate(heads.queries, cos, sin, layout);
+  if (keys_too) heads.keys = detail::rotate(heads.keys, cos, sin, layout);
+}
+
+functional::AttentionOutput MultiHeadAttentionImpl::forward(
+    const torch::Tensor& x, const MultiHeadAttentionForwardOptions& forward_options) {
+  detail::AttentionCaches caches(forward_options);
+  const Call call = check_forward(x, forward_options, caches);
+  // Project, normalize and split into heads (a reading layer's keys and values are its
+  // producer's: only its queries are its own).
+  Heads heads = project_heads(call.x, call.source, !caches.shared());
+  // Rotate: the new tokens continue the cache's positions (shared keys arrive rotated).
+  if (rotary_) {
+    auto [cos, sin] = rotary_->rows(caches.past(call.tokens), call.tokens,
+                                    heads.queries.scalar_type(), heads.queries.device());
+    rotate_heads(heads, cos, sin, !caches.shared());
+  }
+  // Cache, and attend.
+  auto [keys, values] = caches.append(heads.keys, heads.values, call.codes_in_place);
+  auto attention = call.codes_in_place
+                       ? functional::AttentionOutput{attend_codes(heads.queries, *caches.kv_cache(),
+                                                                  forward_options.backend()),
+                                                     {}}
+                       : functional::scaled_dot_product_attention(
+                             heads.queries, keys, values,
+                             variants(functional::ScaledDotProductAttentionOptions()
+                                          .attn_mask(call.mask)
+                                          .block_mask(forward_options.block_mask())
+                                          .score_mod(forward_options.score_mod())
+                                          .is_causal(options.causal())
+                                          .dropout_p(is_training() ? options.dropout() : 0.0)
+                                          .need_weights(forward_options.need_weights())
+                                          .backend(forward_options.backend())));
+  // Join the heads, gate, project.
+  const int64_t width = options.num_heads() * head_dim();
+  auto output = output_of(
+      attention.output.transpose(1, 2).reshape({call.batch, call.tokens, width}), heads.gate);
   auto weights = attention.weights;
   if (weights.defined() && forward_options.average_attn_weights()) weights = weights.mean(1);
-  if (unbatched) {
+  if (call.unbatched) {
     output = output.squeeze(0);
     if (weights.defined()) weights = weights.squeeze(0);
   }
-  rollback.keep();
+  caches.keep();
   if (forward_options.share_kv() != nullptr) *forward_options.share_kv() = SharedKV{keys, values};
   return {output, weights};
 }
@@ -469,42 +569,42 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
                       blocks.t_q(), " and ", blocks.t_k());
   }
 
-  const auto [q, k, v] =
-      detail::project_qkv(W_query, W_key, W_value, x.unsqueeze(0), x.unsqueeze(0), &workspace_);
-  // (H, total, hd) views: each head's tokens, as the rotation and the attention take them.
-  auto queries = q.view({total, H, hd}).transpose(0, 1);
-  auto keys = k.view({total, H_kv, hd}).transpose(0, 1);
-  const auto values = v.view({total, H_kv, hd});
+  // Project, normalize and split into heads: (1, heads, total, hd), the step's tokens one
+  // sequence after another.
+  const auto step_tokens = x.unsqueeze(0);
+  Heads heads = project_heads(step_tokens, step_tokens, /*own_keys=*/true);
   if (rotary_ && total > 0) {
-    // Each token at its position in its own sequence.
+    // Rotate: each token at its position in its own sequence.
     const auto& positions = batch.positions();
     const int64_t last = positions.max().item<int64_t>();
-    const auto dtype = queries.scalar_type();
+    const auto device = heads.queries.device();
+    const auto compute = detail::rotary_compute_dtype(heads.queries.scalar_type());
     torch::Tensor cos, sin;
     if (last < detail::RotaryCache::kMaxCachedPositions) {
-      std::tie(cos, sin) = rotary_->rows(0, last + 1, dtype, queries.device());
-      const auto index = positions.to(queries.device());
+      std::tie(cos, sin) = rotary_->rows(0, last + 1, heads.queries.scalar_type(), device);
+      const auto index = positions.to(device);
       cos = cos.index_select(0, index);
       sin = sin.index_select(0, index);
     } else {
-      std::tie(cos, sin) = functional::rotary_tables(positions, rotary_->options(), dtype);
-      cos = cos.to(queries.device());
-      sin = sin.to(queries.device());
+      std::tie(cos, sin) = functional::rotary_tables(positions, rotary_->options(), compute);
+      cos = cos.to(device);
+      sin = sin.to(device);
     }
-    queries = detail::rotate(queries, cos, sin, rotary_->options().layout());
-    keys = detail::rotate(keys, cos, sin, rotary_->options().layout());
+    rotate_heads(heads, cos, sin, /*keys_too=*/true);
   }
-  cache.write(layer, batch, keys.transpose(0, 1), values);
+  // Cache (the batch's pages of this layer), and attend through the pages.
+  const auto packed = [](const torch::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
+  cache.write(layer, batch, packed(heads.keys), packed(heads.values));
   const auto attended = functional::paged_attention(
-      queries.transpose(0, 1), cache.keys(layer), cache.key_scales(layer), cache.values(layer),
+      packed(heads.queries), cache.keys(layer), cache.key_scales(layer), cache.values(layer),
       cache.value_scales(layer), batch.query_starts(), batch.key_lengths(), batch.page_table(),
       variants(functional::ScaledDotProductAttentionOptions()
                    .is_causal(options.causal())
                    .block_mask(step.block_mask())
                    .score_mod(step.score_mod())
                    .backend(step.backend())));
-  const auto context_vec = gated(attended.reshape({total, options.d_out()}), x);
-  return out_proj ? detail::project(out_proj, context_vec.unsqueeze(0)).squeeze(0) : context_vec;
+  // Join the heads, gate, project.
+  return output_of(attended.reshape({1, total, options.num_heads() * hd}), heads.gate).squeeze(0);
 }
 
 }  // namespace attention

@@ -1,0 +1,389 @@
+#!/usr/bin/python3
+"""Compares book_zoo.py's stand-ins with the book's own model classes, on the tiny configs.
+
+    check_against_book.py --book PATH [--commit SHA]
+
+PATH is a checkout or extracted tree of rasbt/LLMs-from-scratch. A developer tool, run by hand:
+the book's code is not part of this repository and CI has no network. The book's classes are
+loaded from the tree at run time: the imports, definitions and plain aliases of a notebook's code
+cells are executed in a fresh module (nothing else runs: no downloads, no model construction),
+and Llama's KV-cache model is imported from pkg/llms_from_scratch/kv_cache. Modules the book
+imports for tokenizers and downloads (tiktoken, huggingface_hub, safetensors, tokenizers) are
+stubbed when missing. PyTorch < 2.4 has no torch.nn.RMSNorm, which Llama 3.2 uses: a stand-in
+is installed that computes it as PyTorch 2.5+ does (float16/bfloat16 upcast to float32,
+x * rsqrt(mean(x^2) + eps) * weight, cast back).
+
+For each family, in float32 and in bfloat16 (the model built in that dtype, as the book does):
+  keys     the same state_dict names, order, shapes and dtypes (and the same head tying);
+  init     torch.manual_seed(s) before each build gives bit-identical tensors (s = 0, 123);
+  forward  the seeded model of tiny_configs (adjusted as it says) loaded into the book's class:
+           the same logits on two random sequences of 20 tokens, longer than the windows;
+  greedy   the book's own non-KV generator gives the stand-in's tokens, and the book's model
+           the stand-in's per-step logits;
+  KV       the book's KV-cache model (its notebook; pkg for Llama) decoding greedily with its
+           cache gives the same tokens and per-step logits. The book's cached generator primes
+           the cache with the whole prompt; for Gemma 4 that is wrong when the prompt is longer
+           than the window and a KV-shared layer is a sliding one (it reads the providing
+           layer's trimmed cache), so Gemma 4 is compared decoding the prompt token by token,
+           and its generator's own result is reported beside it. Qwen3.5's cache is only wrong
+           for chunks of several tokens after the prefill, which greedy decoding never feeds;
+  hf       write_models.py's files: the book's load_weights_into_<family> fed with the merged
+           hf/ shards rebuilds the stand-in's state_dict exactly (and ties where lm_head is
+           absent), and generation.pt holds the stand-in's tokens.
+Tolerances: float32 logits within 1e-6 of the largest |logit| (at least 1); bfloat16 logits
+within 2 of its units in the last place at the largest |logit|. The book never runs a model in
+float64 (its norms and rotary work in float32 whatever the dtype), so there is no float64 check.
+Prints one PASS/FAIL line per family with the numbers; exits 1 if any fails.
+"""
+
+import argparse
+import ast
+import contextlib
+import io
+import json
+import re
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import book_zoo  # noqa: E402
+import tiny_configs  # noqa: E402
+import write_models  # noqa: E402
+
+SEEDS = (0, 123)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# family: the book's model class, its weight loader
+BOOK_NAMES = {"llama32": ("Llama3Model", "load_weights_into_llama"),
+              "qwen3": ("Qwen3Model", "load_weights_into_qwen"),
+              "gemma3": ("Gemma3Model", "load_weights_into_gemma"),
+              "olmo3": ("Olmo3Model", "load_weights_into_olmo"),
+              "tiny_aya": ("TinyAyaModel", "load_weights_into_tiny_aya"),
+              "qwen3_5": ("Qwen3_5Model", "load_weights_into_qwen3_5"),
+              "gemma4": ("Gemma4DenseModel", "load_weights_into_gemma4_dense")}
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading the book
+
+
+class RMSNormStandIn(nn.Module):
+    """torch.nn.RMSNorm (PyTorch 2.5+) for older PyTorch."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
+                 dtype=None):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.dims, self.eps = tuple(range(-len(shape), 0)), eps
+        self.weight = nn.Parameter(torch.ones(shape, device=device, dtype=dtype)) \
+            if elementwise_affine else None
+
+    def forward(self, x):
+        u = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        eps = self.eps if self.eps is not None else torch.finfo(u.dtype).eps
+        y = u * torch.rsqrt(u.pow(2).mean(self.dims, keepdim=True) + eps)
+        return (y * self.weight if self.weight is not None else y).type_as(x)
+
+
+def install_stand_ins():
+    """nn.RMSNorm if missing; stubs for the book's tokenizer and download packages if missing.
+    Returns what was installed."""
+    installed = []
+    if not hasattr(nn, "RMSNorm"):
+        nn.RMSNorm = RMSNormStandIn
+        installed.append("torch.nn.RMSNorm")
+
+    def unavailable(name):
+        def call(*args, **kwargs):
+            raise RuntimeError(f"{name} is a stub in check_against_book.py")
+        return type(name.rsplit(".", 1)[-1], (), {"__init__": call, "__call__": call,
+                                                  "from_file": staticmethod(call)})
+
+    def stub_getattr(module_name):
+        def getattr_(attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return unavailable(f"{module_name}.{attr}")
+        return getattr_
+
+    for name in ("tiktoken", "tiktoken.load", "huggingface_hub", "safetensors",
+                 "safetensors.torch", "tokenizers"):
+        try:
+            __import__(name)
+        except ImportError:
+            stub = types.ModuleType(name)
+            stub.__getattr__ = stub_getattr(name)
+            sys.modules[name] = stub
+            if "." in name:
+                parent, child = name.rsplit(".", 1)
+                setattr(sys.modules[parent], child, stub)
+            installed.append(name)
+    return installed
+
+
+def load_notebook(path):
+    """A module holding the imports, functions, classes and `name = other_name` aliases of the
+    notebook's code cells, executed in order. Shell and magic lines are dropped; a cell that
+    does not parse, or a statement that fails, is skipped."""
+    module = types.ModuleType("book_" + re.sub(r"\W", "_", path.stem))
+    module.__dict__.update(torch=torch, nn=nn)
+    sys.path.insert(0, str(path.parent))  # Qwen3.5 imports qwen3_5_transformers from there
+    try:
+        for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            code = re.sub(r"(?m)^[ \t]*[!%].*$", "", "".join(cell["source"]))
+            try:
+                tree = ast.parse(code)
+            except SyntaxError:
+                continue
+            for node in tree.body:
+                alias = isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
+                if alias or isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                              ast.ClassDef)):
+                    try:
+                        exec(compile(ast.Module(body=[node], type_ignores=[]),
+                                     f"{path.name} cell {i}", "exec"), module.__dict__)
+                    except Exception:
+                        pass
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def load_pkg_llama_kv(root):
+    """pkg/llms_from_scratch/kv_cache/llama3.py (and its generate.py), imported as a package."""
+    sys.path.insert(0, str(root / "pkg"))
+    try:
+        import llms_from_scratch.kv_cache.generate as generate
+        import llms_from_scratch.kv_cache.llama3 as llama3
+    finally:
+        sys.path.remove(str(root / "pkg"))
+    llama3.generate_text_basic_stream = generate.generate_text_simple_stream
+    return llama3
+
+
+def book_commit(root, given):
+    head = root / ".git" / "HEAD"
+    if head.is_file():
+        ref = head.read_text().strip()
+        if ref.startswith("ref: "):
+            ref_file = root / ".git" / ref[5:]
+            ref = ref_file.read_text().strip() if ref_file.is_file() else ref
+        return ref + " (git checkout)"
+    return f"{given} (from --commit)" if given else "unknown (not a git checkout; give --commit)"
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparisons
+
+
+def max_diff(a, b):
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def tolerance(ref):
+    big = max(1.0, ref.abs().max().item())
+    if ref.dtype == torch.bfloat16:
+        return 2 * 2.0 ** (torch.tensor(big).log2().floor().item() - 7)
+    return 1e-6 * big
+
+
+def greedy_book(family, module, model, prompt, n):
+    """The book's own non-KV generator (Llama: `generate` with temperature 0)."""
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        if family == "llama32":
+            return module.generate(model, prompt, n, context_size=model.cfg["context_length"])
+        return torch.cat([prompt] + list(module.generate_text_basic_stream(model, prompt, n)),
+                         dim=1)
+
+
+@torch.no_grad()
+def book_step_logits(family, model, tokens, p):
+    """The book model's last-position logits for each prefix tokens[:, :p + i]."""
+    steps = []
+    for i in range(tokens.shape[1] - p):
+        ids = tokens[:, : p + i]
+        out = model(ids, reuse_shared_kv=True) if family == "gemma4" else model(ids)
+        steps.append(out[:, -1, :].float())
+    return torch.cat(steps)
+
+
+@torch.no_grad()
+def kv_decode(module, model, prompt, n, token_by_token):
+    """Greedy decoding through the book's KV cache: the prompt at once (or a token at a time),
+    then one token per call. Returns (tokens, per-step logits float32)."""
+    cache = module.KVCache(n_layers=model.cfg["n_layers"])
+    model.reset_kv_cache()
+    chunks = prompt.split(1, dim=1) if token_by_token else [prompt]
+    for chunk in chunks:
+        logits = model(chunk, cache=cache)
+    tokens, steps = prompt, []
+    for _ in range(n):
+        last = logits[:, -1]
+        steps.append(last.float())
+        nxt = torch.argmax(last, dim=-1, keepdim=True)
+        tokens = torch.cat([tokens, nxt], dim=1)
+        logits = model(nxt, cache=cache)
+    return tokens, torch.cat(steps)
+
+
+def check_dtype(root, family, plain, kv, dtype_name):
+    """Runs the checks of one family in one dtype: (failures, summary text)."""
+    dtype = DTYPES[dtype_name]
+    cls_name, loader_name = BOOK_NAMES[family]
+    book_cls, kv_cls = getattr(plain, cls_name), getattr(kv, cls_name)
+    cfg = tiny_configs.config(family, dtype)
+    fails, parts = [], []
+
+    def build_book(c, seed=None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        with contextlib.redirect_stdout(io.StringIO()):  # Qwen3.5's fast-path notice
+            return c(tiny_configs.config(family, dtype)).eval()
+
+    # keys and init
+    for seed in SEEDS:
+        torch.manual_seed(seed)
+        ours = book_zoo.build(family, tiny_configs.config(family, dtype))
+        book = build_book(book_cls, seed)
+        ours_sd, book_sd = ours.state_dict(), book.state_dict()
+        spec = [(k, tuple(v.shape), v.dtype) for k, v in ours_sd.items()]
+        if spec != [(k, tuple(v.shape), v.dtype) for k, v in book_sd.items()]:
+            fails.append(f"state_dict differs: ours {spec} vs book "
+                         f"{[(k, tuple(v.shape), v.dtype) for k, v in book_sd.items()]}")
+            return fails, ""
+        tied = (ours.out_head.weight is ours.tok_emb.weight,
+                book.out_head.weight is book.tok_emb.weight)
+        if tied[0] != tied[1]:
+            fails.append(f"head tying differs (ours {tied[0]}, book {tied[1]})")
+        differing = [k for k in ours_sd if not torch.equal(ours_sd[k], book_sd[k])]
+        if differing:
+            fails.append(f"seed {seed}: init differs in {differing}")
+    parts.append(f"keys {len(spec)} and init identical (seeds {', '.join(map(str, SEEDS))})")
+
+    # forward
+    ours = tiny_configs.seeded_model(family, dtype)
+    book = build_book(book_cls)
+    book.load_state_dict(ours.state_dict())
+    x = torch.randint(0, cfg["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        ref = book(x, reuse_shared_kv=True) if family == "gemma4" else book(x)
+        diff, tol = max_diff(ours(x), ref), tolerance(ref)
+        if diff > tol:
+            fails.append(f"forward differs by {diff:.3g} (tolerance {tol:.3g})")
+        text = f"forward {diff:.2g}"
+        if family == "gemma4":  # the book's default forward: no KV sharing
+            diff2 = max_diff(ours(x, reuse_shared_kv=False), book(x))
+            if diff2 > tol:
+                fails.append(f"forward without KV sharing differs by {diff2:.3g}")
+            text += f" (without sharing {diff2:.2g})"
+    parts.append(text)
+
+    # greedy, no cache
+    prompt, n = tiny_configs.prompt(), tiny_configs.NEW_TOKENS
+    tokens, logits = book_zoo.generate(ours, prompt, n)
+    book_tokens = greedy_book(family, plain, book, prompt, n)
+    diff = max_diff(logits, book_step_logits(family, book, tokens, prompt.shape[1]))
+    tol = tolerance(logits.to(dtype))
+    if not torch.equal(tokens, book_tokens):
+        fails.append(f"greedy tokens differ: ours {tokens.tolist()} book {book_tokens.tolist()}")
+    if diff > tol:
+        fails.append(f"greedy step logits differ by {diff:.3g}")
+    parts.append(f"greedy tokens equal, step logits {diff:.2g}")
+
+    # KV cache
+    book_kv = build_book(kv_cls)
+    book_kv.load_state_dict(ours.state_dict())
+    kv_tokens, kv_logits = kv_decode(kv, book_kv, prompt, n, token_by_token=family == "gemma4")
+    diff = max_diff(logits, kv_logits)
+    if not torch.equal(tokens, kv_tokens):
+        fails.append(f"KV tokens differ: ours {tokens.tolist()} book {kv_tokens.tolist()}")
+    if diff > tol and dtype == torch.float32:
+        fails.append(f"KV step logits differ by {diff:.3g}")
+    text = f"KV {'token by token' if family == 'gemma4' else 'prefill + steps'}: tokens equal, " \
+           f"step logits {diff:.2g}"
+    if dtype != torch.float32:  # the book's own cached and uncached models differ as much
+        book_diff = max_diff(book_step_logits(family, book, tokens, prompt.shape[1]), kv_logits)
+        text += f" (book cached vs uncached {book_diff:.2g})"
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        gen = torch.cat([prompt] + list(kv.generate_text_basic_stream(book_kv, prompt, n)), dim=1)
+        if family == "gemma4":
+            book_kv.reset_kv_cache()
+            prefill = book_kv(prompt, cache=kv.KVCache(n_layers=cfg["n_layers"]))
+            wrong = max_diff(prefill[:, :-1], ours(prompt)[:, :-1])
+    if family == "gemma4":
+        _, prefill_logits = kv_decode(kv, book_kv, prompt, n, token_by_token=False)
+        text += (f"; the book's cached generator (prefill {prompt.shape[1]} > window "
+                 f"{cfg['sliding_window']}): {'the same' if torch.equal(gen, tokens) else 'other'}"
+                 f" tokens, step logits {max_diff(logits, prefill_logits):.2g}, its prefill's "
+                 f"logits before the last position off by {wrong:.2g}")
+    elif not torch.equal(gen, tokens):
+        fails.append(f"the book's KV generator gives {gen.tolist()}")
+    parts.append(text)
+
+    # write_models.py's files
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, _, _ = write_models.write(tmp, family, dtype_name)
+        params = write_models.load_sharded(str(Path(folder) / "hf"))
+        saved = torch.load(Path(folder) / "generation.pt")
+        config = json.loads((Path(folder) / "config.json").read_text())
+    loaded = build_book(book_cls, seed=999)
+    with contextlib.redirect_stdout(io.StringIO()):
+        getattr(plain, loader_name)(loaded, cfg, params)
+    want, got = ours.state_dict(), loaded.state_dict()
+    wrong = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
+    if wrong or list(want) != list(got):
+        fails.append(f"hf/ through {loader_name} differs in {wrong or 'the key order'}")
+    if (loaded.out_head.weight is loaded.tok_emb.weight) != ("lm_head.weight" not in params):
+        fails.append("hf/: lm_head.weight absent but the loaded head is not tied, or the reverse")
+    if not torch.equal(saved["tokens"], tokens) or config["dtype"] != dtype_name:
+        fails.append("generation.pt or config.json does not match")
+    parts.append(f"hf/ ({len(params)} tensors) through {loader_name} identical")
+    return fails, "; ".join(parts)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--book", required=True, type=Path,
+                        help="a checkout or extracted tree of rasbt/LLMs-from-scratch")
+    parser.add_argument("--commit", help="the tree's commit, when it is not a git checkout")
+    parser.add_argument("families", nargs="*", metavar="FAMILY")
+    args = parser.parse_args(argv)
+    root = args.book.resolve()
+    print(f"book {root}, commit {book_commit(root, args.commit)}; torch {torch.__version__}")
+    installed = install_stand_ins()
+    if installed:
+        print(f"stand-ins installed: {', '.join(installed)}")
+    torch.set_grad_enabled(False)
+    failed = False
+    for family in args.families or list(book_zoo.FAMILIES):
+        _, notebook, kv_source = book_zoo.FAMILIES[family]
+        try:
+            plain = load_notebook(root / notebook)
+            kv = load_pkg_llama_kv(root) if kv_source.endswith(".py") else load_notebook(root / kv_source)
+        except Exception as error:
+            print(f"FAIL {family}: the book's code did not load: {error!r}")
+            failed = True
+            continue
+        lines, fails = [], []
+        for dtype_name in DTYPES:
+            try:
+                f, text = check_dtype(root, family, plain, kv, dtype_name)
+            except Exception as error:
+                f, text = [f"{type(error).__name__}: {error}"], "raised"
+            fails += [f"{dtype_name}: {m}" for m in f]
+            lines.append(f"    {dtype_name}: {text}")
+        failed |= bool(fails)
+        print(f"{'FAIL' if fails else 'PASS'} {family} vs {notebook} and {kv_source}")
+        print("\n".join(lines + [f"    FAILED {m}" for m in fails]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
