@@ -90,9 +90,10 @@ struct RotaryOptions {
 ATTENTION_API torch::Tensor rotary_frequencies(const RotaryOptions& options);
 
 /// cos and sin of the angles position x frequency, (T, rotary_dim / 2) each, computed in float64
-/// (times YaRN's attention factor with yarn_scaling) and rounded once to `dtype`. `positions`: (T,) integers, any int64 value; each position is
-/// converted to float64 and multiplied by its frequency there, so an angle carries a relative
-/// error of about 2^-53 (absolute error grows with the position: about 1e-7 radians at 2^31).
+/// (times YaRN's attention factor with yarn_scaling) and rounded once to `dtype`. `positions`: (T,)
+/// integers, any int64 value; each position is converted to float64 and multiplied by its frequency
+/// there, so an angle carries a relative error of about 2^-53 (absolute error grows with the
+/// position: about 1e-7 radians at 2^31).
 ///
 /// Throws c10::TypeError for non-integer positions or a `dtype` that is not floating;
 /// c10::ValueError for positions that are not (T,) and for the options rotary_frequencies()
