@@ -37,7 +37,8 @@ class Norm(nn.Module):
     qwen3     scale          1     u * rsqrt(mean(u^2) + eps) * w
     gemma3    scale          0     u * rsqrt(mean(u^2) + eps) * (1 + w)
     olmo3     weight         1     w * (u * rsqrt(mean(u^2) + eps))
-    tiny_aya  weight         1     LayerNorm without bias: c = u - mean(u); w * c * rsqrt(mean(c^2) + eps)
+    tiny_aya  weight         1     LayerNorm without bias, c = u - mean(u):
+                                   w * (c * rsqrt(mean(c^2) + eps))
     qwen3_5   weight         0     u * rsqrt(mean(u^2) + eps) * (1 + w)
     gemma4    weight         1     u * pow(mean(u^2) + eps, -0.5) * w
     gemma4_v  (none)               u * pow(mean(u^2) + eps, -0.5)     (Gemma 4's value norm)
@@ -107,7 +108,8 @@ def rope_inv_freq_llama3(head_dim, base, freq):
     """Llama 3's scaling: long wavelengths divided by `factor`, short ones kept, a smooth blend
     between original_context_length / low_freq_factor and / high_freq_factor."""
     inv = rope_inv_freq(head_dim, base)
-    ctx, low, high = freq["original_context_length"], freq["low_freq_factor"], freq["high_freq_factor"]
+    ctx = freq["original_context_length"]
+    low, high = freq["low_freq_factor"], freq["high_freq_factor"]
     wavelen = 2 * torch.pi / inv
     scaled = torch.where(wavelen > ctx / low, inv / freq["factor"], inv)
     smooth = (ctx / wavelen - low) / (high - low)
@@ -129,7 +131,8 @@ def rope_inv_freq_yarn(head_dim, base, factor, orig_max, beta_fast=32.0, beta_sl
     high = min(math.ceil(correction_dim(beta_slow)), head_dim - 1)
     if low == high:
         high += 0.001
-    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)
+    ramp = torch.clamp(ramp, 0, 1)
     extrapolation = 1 - ramp
     return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
@@ -444,8 +447,8 @@ class Gemma3Model(DecoderModel):
     zero-centred RMSNorm (float32 `scale`, used as 1 + scale) everywhere, sandwich placement;
     GeGLU; per-head q_norm/k_norm; queries times query_pre_attn_scalar^-0.5 before the product;
     sliding layers use the window mask and rope_local_base, full layers the causal mask and
-    rope_base; embeddings times sqrt(emb_dim) (a Python float, in the model dtype). Deviation:
-    none (the norms' unused `shift` option is left out)."""
+    rope_base; embeddings times sqrt(emb_dim) (a Python float, in the model dtype). Left out:
+    the norms' `shift` (bias) option, which no Gemma 3 config uses."""
 
     blocks_name, norm_kind, emb_scale = "blocks", "gemma3", True
 
@@ -545,9 +548,10 @@ class GatedDeltaNet(nn.Module):
     g = -exp(A_log) * softplus(a + dt_bias) in float32, q and k L2-normalised (eps 1e-6, in the
     model dtype), then in float32 with q scaled by 1/sqrt(dk) and S (dk x dv) starting at zero:
     S = S * exp(g_t); S = S + k_t (x) ((v_t - S^T k_t) * beta_t); o_t = S^T q_t.
-    Deviation: this is the recurrent form of the rule; the book (like Hugging Face) runs the
-    chunked form (chunks of 64) without a cache, which is the same sum in another order, so the
-    two differ by float32 rounding."""
+    Deviation: this is the recurrent form of the rule (the book's torch_recurrent_gated_delta_rule,
+    which its cache runs for single tokens); without a cache the book, like Hugging Face, runs the
+    chunked form (chunks of 64): the same sums in another order, so the two differ by float32
+    rounding."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -623,7 +627,8 @@ class Qwen3_5Model(DecoderModel):
         cfg = self.cfg
         if kind == "full_attention":
             mixer = Attention(cfg["emb_dim"], cfg["n_heads"], cfg["n_kv_groups"], self.head_dim,
-                              cfg["dtype"], gated=True, qk_norm="qwen3_5" if cfg["qk_norm"] else None,
+                              cfg["dtype"], gated=True,
+                              qk_norm="qwen3_5" if cfg["qk_norm"] else None,
                               scale=("mul", self.head_dim ** -0.5), softmax_f32=True)
         elif kind == "linear_attention":
             mixer = GatedDeltaNet(cfg)
@@ -698,7 +703,8 @@ class Gemma4Attention(nn.Module):
         else:
             k, v = shared_kv
         group = self.heads // self.kv_heads
-        kk, vv = (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+        kk, vv = (k, v) if group == 1 else (k.repeat_interleave(group, 1),
+                                             v.repeat_interleave(group, 1))
         scores = q @ kk.transpose(-1, -2)
         scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
@@ -717,7 +723,8 @@ class Gemma4Block(nn.Module):
     def __init__(self, cfg, i):
         super().__init__()
         self.kind = cfg["layer_types"][i]
-        d, dtype, eps, p = cfg["emb_dim"], cfg["dtype"], cfg["layer_norm_eps"], cfg["hidden_size_per_layer_input"]
+        d, dtype, eps = cfg["emb_dim"], cfg["dtype"], cfg["layer_norm_eps"]
+        p = cfg["hidden_size_per_layer_input"]
         self.att = Gemma4Attention(cfg, i)
         wide = 2 if cfg["use_double_wide_mlp"] and self.att.kv_source is not None else 1
         self.mlp = FeedForward(d, cfg["hidden_dim"] * wide, dtype, "gelu",
@@ -760,7 +767,8 @@ class Gemma4Model(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        d, dtype, eps, pad = cfg["emb_dim"], cfg["dtype"], cfg["layer_norm_eps"], cfg.get("pad_token_id", 0)
+        d, dtype, eps = cfg["emb_dim"], cfg["dtype"], cfg["layer_norm_eps"]
+        pad = cfg.get("pad_token_id", 0)
         if len(cfg["layer_types"]) != cfg["n_layers"]:
             raise ValueError("layer_types must have n_layers entries")
         self.tok_emb = nn.Embedding(cfg["vocab_size"], d, padding_idx=pad, dtype=dtype)
@@ -803,7 +811,8 @@ class Gemma4Model(nn.Module):
         provided = {}
         for i, block in enumerate(self.blocks):
             sliding = block.kind == "sliding_attention"
-            cos, sin = (self.cos_local, self.sin_local) if sliding else (self.cos_global, self.sin_global)
+            cos, sin = ((self.cos_local, self.sin_local) if sliding
+                        else (self.cos_global, self.sin_global))
             shared = provided.get(block.att.kv_source) if reuse_shared_kv else None
             x, kv = block(x, per_layer[:, :, i, :] if per_layer is not None else None,
                           masks[block.kind], cos, sin, shared)

@@ -15,25 +15,33 @@ x * rsqrt(mean(x^2) + eps) * weight, cast back).
 
 For each family, in float32 and in bfloat16 (the model built in that dtype, as the book does):
   keys     the same state_dict names, order, shapes and dtypes (and the same head tying);
-  init     torch.manual_seed(s) before each build gives bit-identical tensors (s = 0, 123);
+  init     torch.manual_seed(s) before each build gives bit-identical tensors (s = 0, 123 and
+           the family's seed in tiny_configs);
   forward  the seeded model of tiny_configs (adjusted as it says) loaded into the book's class:
            the same logits on two random sequences of 20 tokens, longer than the windows;
   greedy   the book's own non-KV generator gives the stand-in's tokens, and the book's model
            the stand-in's per-step logits;
   KV       the book's KV-cache model (its notebook; pkg for Llama) decoding greedily with its
            cache gives the same tokens and per-step logits. The book's cached generator primes
-           the cache with the whole prompt; for Gemma 4 that is wrong when the prompt is longer
-           than the window and a KV-shared layer is a sliding one (it reads the providing
-           layer's trimmed cache), so Gemma 4 is compared decoding the prompt token by token,
-           and its generator's own result is reported beside it. Qwen3.5's cache is only wrong
-           for chunks of several tokens after the prefill, which greedy decoding never feeds;
+           the cache with the whole prompt. For Gemma 4 that prefill is wrong when the prompt
+           is longer than the window and a KV-shared layer is a sliding one (that layer reads
+           the providing layer's cache already trimmed to the window): every position but the
+           last is off. So Gemma 4 is compared decoding the prompt token by token, and what its
+           generator gives is reported beside it. Qwen3.5's cache is only wrong for chunks of
+           several tokens after the prefill, which greedy decoding never feeds;
   hf       write_models.py's files: the book's load_weights_into_<family> fed with the merged
            hf/ shards rebuilds the stand-in's state_dict exactly (and ties where lm_head is
            absent), and generation.pt holds the stand-in's tokens.
-Tolerances: float32 logits within 1e-6 of the largest |logit| (at least 1); bfloat16 logits
-within 2 of its units in the last place at the largest |logit|. The book never runs a model in
-float64 (its norms and rotary work in float32 whatever the dtype), so there is no float64 check.
-Prints one PASS/FAIL line per family with the numbers; exits 1 if any fails.
+Tolerances: forward and greedy logits must be bit-identical (the stand-ins run the book's
+operations in the book's order). Qwen3.5 is run twice: with the book's chunked delta rule
+swapped into the stand-in's Gated DeltaNet, bit-identical too; with its own recurrent rule,
+float32 within 1e-6 of the largest |logit| (at least 1) and bfloat16 within 2 units in the last
+place there, and that rule alone bit-identical to the book's recurrent one (which its cache runs
+for single tokens). The cached path computes in another order: float32 within the same 1e-6;
+in bfloat16 only the tokens must agree (its logits are reported beside the book's own
+cached-versus-uncached difference, which is as large). The book never runs a model in float64
+(its norms and rotary work in float32 whatever the dtype), so there is no float64 check.
+Prints a PASS/FAIL line per family, then the numbers per dtype; exits 1 if any fails.
 """
 
 import argparse
@@ -44,6 +52,7 @@ import json
 import re
 import sys
 import tempfile
+import textwrap
 import types
 from pathlib import Path
 
@@ -78,7 +87,8 @@ class RMSNormStandIn(nn.Module):
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
                  dtype=None):
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) \
+            else (normalized_shape,)
         self.dims, self.eps = tuple(range(-len(shape), 0)), eps
         self.weight = nn.Parameter(torch.ones(shape, device=device, dtype=dtype)) \
             if elementwise_affine else None
@@ -233,8 +243,24 @@ def kv_decode(module, model, prompt, n, token_by_token):
     return tokens, torch.cat(steps)
 
 
-def check_dtype(root, family, plain, kv, dtype_name):
-    """Runs the checks of one family in one dtype: (failures, summary text)."""
+@contextlib.contextmanager
+def book_delta_rule(plain):
+    """Runs the stand-in's Gated DeltaNet with the book's chunked delta rule (the function of
+    qwen3_5_transformers.py that the book's model calls without a cache) in place of its own."""
+    chunked = sys.modules[plain.Qwen3_5GatedDeltaNet.__module__].torch_chunk_gated_delta_rule
+    own = book_zoo.GatedDeltaNet.delta_rule
+    book_zoo.GatedDeltaNet.delta_rule = lambda self, q, k, v, g, beta: chunked(
+        q, k, v, g=g, beta=beta, initial_state=None, output_final_state=False,
+        use_qk_l2norm_in_kernel=True)[0]
+    try:
+        yield
+    finally:
+        book_zoo.GatedDeltaNet.delta_rule = own
+
+
+def check_dtype(family, plain, kv, dtype_name, exact):
+    """Runs the checks of one family in one dtype: (failures, summary text). exact: the forward
+    and greedy logits must be bit-identical."""
     dtype = DTYPES[dtype_name]
     cls_name, loader_name = BOOK_NAMES[family]
     book_cls, kv_cls = getattr(plain, cls_name), getattr(kv, cls_name)
@@ -248,7 +274,7 @@ def check_dtype(root, family, plain, kv, dtype_name):
             return c(tiny_configs.config(family, dtype)).eval()
 
     # keys and init
-    for seed in SEEDS:
+    for seed in sorted(set(SEEDS) | {tiny_configs.seed(family)}):
         torch.manual_seed(seed)
         ours = book_zoo.build(family, tiny_configs.config(family, dtype))
         book = build_book(book_cls, seed)
@@ -265,7 +291,8 @@ def check_dtype(root, family, plain, kv, dtype_name):
         differing = [k for k in ours_sd if not torch.equal(ours_sd[k], book_sd[k])]
         if differing:
             fails.append(f"seed {seed}: init differs in {differing}")
-    parts.append(f"keys {len(spec)} and init identical (seeds {', '.join(map(str, SEEDS))})")
+    parts.append(f"keys {len(spec)} and init identical (seeds "
+                 f"{', '.join(map(str, sorted(set(SEEDS) | {tiny_configs.seed(family)})))})")
 
     # forward
     ours = tiny_configs.seeded_model(family, dtype)
@@ -274,7 +301,7 @@ def check_dtype(root, family, plain, kv, dtype_name):
     x = torch.randint(0, cfg["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         ref = book(x, reuse_shared_kv=True) if family == "gemma4" else book(x)
-        diff, tol = max_diff(ours(x), ref), tolerance(ref)
+        diff, tol = max_diff(ours(x), ref), 0.0 if exact else tolerance(ref)
         if diff > tol:
             fails.append(f"forward differs by {diff:.3g} (tolerance {tol:.3g})")
         text = f"forward {diff:.2g}"
@@ -285,6 +312,21 @@ def check_dtype(root, family, plain, kv, dtype_name):
             text += f" (without sharing {diff2:.2g})"
     parts.append(text)
 
+    if family == "qwen3_5" and not exact:  # the recurrent rule is the book's single-step one
+        rule = sys.modules[plain.Qwen3_5GatedDeltaNet.__module__].torch_recurrent_gated_delta_rule
+        gen = torch.Generator().manual_seed(11)
+        q, k = (torch.randn(2, 20, 4, 8, generator=gen).to(dtype) for _ in range(2))
+        v = torch.randn(2, 20, 4, 16, generator=gen).to(dtype)
+        g = -torch.rand(2, 20, 4, generator=gen)
+        beta = torch.rand(2, 20, 4, generator=gen).to(dtype)
+        layer = ours.trf_blocks[0].token_mixer
+        with torch.no_grad():
+            diff = max_diff(layer.delta_rule(q, k, v, g, beta),
+                            rule(q, k, v, g, beta, None, False, use_qk_l2norm_in_kernel=True)[0])
+        if diff != 0:
+            fails.append(f"the recurrent delta rule differs from the book's by {diff:.3g}")
+        parts.append(f"delta rule vs the book's recurrent one {diff:.2g}")
+
     # greedy, no cache
     prompt, n = tiny_configs.prompt(), tiny_configs.NEW_TOKENS
     tokens, logits = book_zoo.generate(ours, prompt, n)
@@ -293,7 +335,7 @@ def check_dtype(root, family, plain, kv, dtype_name):
     tol = tolerance(logits.to(dtype))
     if not torch.equal(tokens, book_tokens):
         fails.append(f"greedy tokens differ: ours {tokens.tolist()} book {book_tokens.tolist()}")
-    if diff > tol:
+    if diff > (0.0 if exact else tol):
         fails.append(f"greedy step logits differ by {diff:.3g}")
     parts.append(f"greedy tokens equal, step logits {diff:.2g}")
 
@@ -366,21 +408,31 @@ def main(argv=None):
         _, notebook, kv_source = book_zoo.FAMILIES[family]
         try:
             plain = load_notebook(root / notebook)
-            kv = load_pkg_llama_kv(root) if kv_source.endswith(".py") else load_notebook(root / kv_source)
+            kv = (load_pkg_llama_kv(root) if kv_source.endswith(".py")
+                  else load_notebook(root / kv_source))
         except Exception as error:
             print(f"FAIL {family}: the book's code did not load: {error!r}")
             failed = True
             continue
+        # Qwen3.5 twice: with the book's chunked delta rule swapped in, which must give the
+        # same bits, then with the stand-in's own recurrent rule, within the tolerances.
+        variants = [("", contextlib.nullcontext, True)]
+        if family == "qwen3_5":
+            variants = [(" (book's chunked delta rule)", lambda: book_delta_rule(plain), True),
+                        (" (own recurrent delta rule)", contextlib.nullcontext, False)]
         lines, fails = [], []
-        for dtype_name in DTYPES:
-            try:
-                f, text = check_dtype(root, family, plain, kv, dtype_name)
-            except Exception as error:
-                f, text = [f"{type(error).__name__}: {error}"], "raised"
-            fails += [f"{dtype_name}: {m}" for m in f]
-            lines.append(f"    {dtype_name}: {text}")
+        for label, context, exact in variants:
+            for dtype_name in DTYPES:
+                try:
+                    with context():
+                        f, text = check_dtype(family, plain, kv, dtype_name, exact)
+                except Exception as error:
+                    f, text = [f"{type(error).__name__}: {error}"], "raised"
+                fails += [f"{dtype_name}{label}: {m}" for m in f]
+                lines.append(textwrap.fill(text, 100, initial_indent=f"    {dtype_name}{label}: ",
+                                           subsequent_indent=" " * 8))
         failed |= bool(fails)
-        print(f"{'FAIL' if fails else 'PASS'} {family} vs {notebook} and {kv_source}")
+        print(f"{'FAIL' if fails else 'PASS'} {family}: {notebook}, {kv_source}")
         print("\n".join(lines + [f"    FAILED {m}" for m in fails]))
     return 1 if failed else 0
 

@@ -154,7 +154,8 @@ def main(argv=None):
                 raise RuntimeError(f"{family} {dtype_name} repeats one token: {generated}")
             top2 = logits.topk(2, dim=-1).values
             margin = (top2[:, 0] - top2[:, 1]).min().item()
-            print(f"{family:8s} {dtype_name:8s} {generated}  (smallest top-2 logit gap {margin:.3g})")
+            print(f"{family:8s} {dtype_name:8s} {generated}  "
+                  f"(smallest top-2 logit gap {margin:.3g})")
 
 
 if __name__ == "__main__":
