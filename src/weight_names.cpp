@@ -1,5 +1,7 @@
 #include "weight_names.h"
 
+#include "hugging_face_names.h"
+
 #include "serialization/limits.h"
 
 #include <fmt/format.h>
@@ -48,6 +50,20 @@ const char* layout_name(WeightLayout layout) {
       return "GPT2";
     case WeightLayout::BookMultiHeadAttentionWrapper:
       return "BookMultiHeadAttentionWrapper";
+    case WeightLayout::HuggingFaceLlama:
+      return "HuggingFaceLlama";
+    case WeightLayout::HuggingFaceQwen3:
+      return "HuggingFaceQwen3";
+    case WeightLayout::HuggingFaceGemma3:
+      return "HuggingFaceGemma3";
+    case WeightLayout::HuggingFaceOlmo3:
+      return "HuggingFaceOlmo3";
+    case WeightLayout::HuggingFaceCohere2:
+      return "HuggingFaceCohere2";
+    case WeightLayout::HuggingFaceQwen3_5:
+      return "HuggingFaceQwen3_5";
+    case WeightLayout::HuggingFaceGemma4:
+      return "HuggingFaceGemma4";
   }
   return "unknown";
 }
@@ -212,6 +228,7 @@ std::vector<FileTensor> convert_layout(NamedTensors file, WeightLayout layout,
   if (layout == WeightLayout::BookMultiHeadAttentionWrapper) {
     return concatenate_heads(std::move(file), source, derived);
   }
+  if (is_hugging_face(layout)) return from_hugging_face(std::move(file), layout, source);
   std::vector<FileTensor> out;
   out.reserve(file.size());
   if (layout == WeightLayout::Native) {
@@ -282,8 +299,7 @@ std::vector<FileTensor> convert_layout(NamedTensors file, WeightLayout layout,
         }
         break;
       }
-      case WeightLayout::Native:
-      case WeightLayout::BookMultiHeadAttentionWrapper:
+      default:
         break;
     }
     out.push_back({name, {tensor}});

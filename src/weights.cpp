@@ -1,9 +1,12 @@
+#include <attention/norm.h>
 #include <attention/weights.h>
 
 #include <attention/safetensors.h>
 
 #include "checks.h"
+#include "hugging_face_names.h"
 #include "serialization/byte_source.h"
+#include "serialization/sharded_checkpoint.h"
 #include "serialization/torch_save.h"
 #include "serialization/weight_file.h"
 #include "weight_names.h"
@@ -83,12 +86,35 @@ bool all_finite(const torch::Tensor& value) {
   return true;
 }
 
-LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource& source,
-                     const LoadOptions& options) {
-  const std::string& path = source.name();
+// A Hugging Face checkpoint stores its norms zero-centred (Gemma 3, Qwen3.5: the weight stands for
+// 1 + w) or plain: loaded into a Norm of the other kind, every normalized feature would be off by
+// one scale. Each loaded norm weight's module is checked.
+void check_norm_kinds(torch::nn::Module& module, WeightLayout layout,
+                      const std::vector<std::string>& loaded, std::vector<std::string>& problems) {
+  if (!detail::is_hugging_face(layout)) return;
+  const bool zero_centred = detail::zero_centred_norms(layout);
+  const std::set<std::string> names(loaded.begin(), loaded.end());
+  for (const auto& item : module.named_modules()) {
+    const auto* norm = dynamic_cast<const NormImpl*>(item.value().get());
+    if (norm == nullptr || !norm->weight.defined()) continue;
+    const std::string weight =
+        item.key() +
+        (norm->options.parameter_name() == NormParameter::Scale ? ".scale" : ".weight");
+    if (!names.count(weight)) continue;
+    const bool centred = norm->options.kind() == NormKind::ZeroCenteredRMS;
+    if (centred != zero_centred) {
+      problems.push_back(fmt::format(
+          "{}: the checkpoint stores {} norm weights, and the module's {} is {}", weight,
+          zero_centred ? "zero-centred (1 + w)" : "plain (not zero-centred)", item.key(),
+          centred ? "zero-centred (NormKind::ZeroCenteredRMS)" : "not zero-centred"));
+    }
+  }
+}
+
+// Loads what a weight file (or a sharded checkpoint, `path` its index) holds into the module.
+LoadReport load_contents(torch::nn::Module& module, serialization::WeightFile contents,
+                         const std::string& path, const LoadOptions& options) {
   LoadReport report;
-  serialization::WeightFile contents =
-      serialization::read_weight_file(source, {options.trusted(), options.key()});
   report.format = contents.format;
   NamedTensors named = detail::select_prefix(std::move(contents.tensors), options.prefix(), path);
   named = detail::rename_all(std::move(named), options.rename(), path);
@@ -158,6 +184,7 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
           fmt::format("unexpected in the file: {}", fmt::join(report.unexpected, ", ")));
     }
   }
+  check_norm_kinds(module, options.layout(), report.loaded, problems);
   TORCH_CHECK_VALUE(problems.empty(), detail::kLoadWeights, ": '", path,
                     "' does not fit the module (nothing was ", "loaded):\n  ",
                     fmt::format("{}", fmt::join(problems, "\n  ")));
@@ -169,10 +196,26 @@ LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource&
   return report;
 }
 
+LoadReport load_from(torch::nn::Module& module, const serialization::ByteSource& source,
+                     const LoadOptions& options) {
+  return load_contents(module,
+                       serialization::read_weight_file(source, {options.trusted(), options.key()}),
+                       source.name(), options);
+}
+
 }  // namespace
 
 LoadReport load_weights(torch::nn::Module& module, const std::string& path,
                         const LoadOptions& options) {
+  if (serialization::is_shard_index(path)) {
+    TORCH_CHECK_VALUE(options.key().empty(), detail::kLoadWeights, ": '", path,
+                      "' is a sharded checkpoint's index: its shards hold tensors alone, so no key "
+                      "is read (got key '",
+                      options.key(), "')");
+    return load_contents(module,
+                         serialization::read_sharded(path, {options.trusted(), options.key()}),
+                         path, options);
+  }
   std::unique_ptr<serialization::FileSource> source;
   try {
     source = std::make_unique<serialization::FileSource>(path);

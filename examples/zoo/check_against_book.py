@@ -174,6 +174,7 @@ def load_pkg_llama_kv(root):
         import llms_from_scratch.kv_cache.llama3 as llama3
     finally:
         sys.path.remove(str(root / "pkg"))
+    # The cached greedy generator, under the name the notebooks give theirs.
     llama3.generate_text_basic_stream = generate.generate_text_simple_stream
     return llama3
 
@@ -398,7 +399,7 @@ def main(argv=None):
     parser.add_argument("families", nargs="*", metavar="FAMILY")
     args = parser.parse_args(argv)
     root = args.book.resolve()
-    print(f"book {root}, commit {book_commit(root, args.commit)}; torch {torch.__version__}")
+    print(f"book commit {book_commit(root, args.commit)}; torch {torch.__version__}")
     installed = install_stand_ins()
     if installed:
         print(f"stand-ins installed: {', '.join(installed)}")

@@ -52,6 +52,32 @@ enum class WeightLayout {
   /// .output_projection(false); the heads' `mask` buffers are skipped and listed in
   /// LoadReport::derived.
   BookMultiHeadAttentionWrapper,
+  /// A whole Hugging Face checkpoint of a model of the book's chapter-5 zoo, under the names of
+  /// the book's class for that model as this library builds it (examples/zoo), as the book's
+  /// `load_weights_into_<model>` maps them: the prefix (`model.`, `model.language_model.`,
+  /// `language_model.` or none) dropped, `embed_tokens` -> `tok_emb`, `layers.N` -> the model's
+  /// blocks, `self_attn.{q,k,v,o}_proj` -> `att.{W_query,W_key,W_value,out_proj}`,
+  /// `mlp.{gate,up,down}_proj` -> `ff.fc{1,2,3}`, `norm` -> `final_norm`, `lm_head` -> `out_head`
+  /// (from `embed_tokens` when the checkpoint has no lm_head: a tied head), each norm's weight
+  /// under the book's name. Llama 3.2: blocks `trf_blocks`, `input_layernorm` -> `norm1`,
+  /// `post_attention_layernorm` -> `norm2`.
+  HuggingFaceLlama,
+  /// Qwen3: as HuggingFaceLlama, every norm's weight named `scale` (q_norm and k_norm too).
+  HuggingFaceQwen3,
+  /// Gemma 3: blocks `blocks`, the four norms keep their names, weights named `scale`; its norms
+  /// are zero-centred, and a module whose norms are not (NormKind::ZeroCenteredRMS) is refused.
+  HuggingFaceGemma3,
+  /// OLMo 3: blocks `blocks`, its post-norms keep their names (`weight`).
+  HuggingFaceOlmo3,
+  /// Cohere2 (Tiny Aya): blocks `trf_blocks`, `input_layernorm` keeps its name.
+  HuggingFaceCohere2,
+  /// Qwen3.5: blocks `trf_blocks`, each layer's `self_attn` or `linear_attn` -> `token_mixer`,
+  /// the norms as HuggingFaceLlama's; zero-centred norms, as HuggingFaceGemma3's.
+  HuggingFaceQwen3_5,
+  /// Gemma 4: blocks `blocks`; the feed-forward keeps Hugging Face's names (`mlp.gate_proj`, ...)
+  /// as the book's class does, and so do the norms and the per-layer inputs; plain (not
+  /// zero-centred) norms.
+  HuggingFaceGemma4,
 };
 
 /// Options of load_weights(). The file's names go through, in order: LoadOptions::key (which
@@ -144,6 +170,13 @@ struct LoadReport {
 /// stack, memory (at most 32 times the file's size and 64 MiB beyond the tensors) and time (in
 /// proportion to the file's size) that docs/SECURITY.md states. A TorchScript archive carries
 /// code: load it only from sources you trust (see LoadOptions::trusted).
+///
+/// `path` may be a checkpoint sharded over several files: its index (a name ending in
+/// ".index.json", as Hugging Face's `model.safetensors.index.json`), whose "weight_map" names the
+/// shard of each tensor beside it. Every shard is read as a weight file of its own (within its
+/// own budget), and together they load as one file; a shard that holds a tensor the index gives
+/// another, or lacks one it is given, a shard name with a folder or "..", and an index that is not
+/// JSON are refused with c10::ValueError naming the index.
 ///
 /// Thread safety: loads into different modules may run at once. The values are copied into the
 /// module's tensors in place, so no other thread may use `module` (a forward included) meanwhile.
