@@ -2,14 +2,16 @@
 """Writes the golden cases that the C++ harness compares against: models/golden/.
 
 For each case: <name>.pt, the reference module with its weights (torch.jit.save of the scripted
-module), <name>.state_dict.pt, the same weights as torch.save(dict(m.state_dict())), <name>.safetensors,
-the same weights as safetensors (written by python/attention_parity/safetensors_io.py), and
-<name>.tensors.pt, a plain dict of tensors (torch.save): the inputs ("input.<arg>"),
-the upstream gradient ("grad_output"), the output ("output") and the gradient of the output
-against every input and parameter ("grad.<arg>", "grad.<parameter name>"). manifest.json lists
-every case, with the kernel each is meant to exercise ("path") and whether it runs with autograd
-("mode": "train") or without ("inference": inputs and output only). Two runs on one machine write
-identical tensors.
+module; traced for the zoo's attention layers), <name>.state_dict.pt, the same weights as
+torch.save(dict(m.state_dict())), <name>.safetensors, the same weights as safetensors (written by
+python/attention_parity/safetensors_io.py), and <name>.tensors.pt, a plain dict of tensors
+(torch.save): the inputs ("input.<arg>"), the upstream gradient ("grad_output"), the output
+("output") and the gradient of the output against every input and parameter ("grad.<arg>",
+"grad.<parameter name>"). manifest.json lists every case, with the kernel each is meant to
+exercise ("path"), whether it runs with autograd ("mode": "train") or without ("inference":
+inputs and output only), and whether the C++ module seeded alike draws Python's weights
+("seeded"; false where the class draws in another order or the case changes its weights after
+seeding). Two runs on one machine write identical tensors.
 
     scripts/make_golden.py                 # rewrite models/golden/
     scripts/make_golden.py --out DIR       # write elsewhere
@@ -19,11 +21,13 @@ identical tensors.
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import os
 import sys
 import tempfile
+import warnings
 
 import torch
 
@@ -299,6 +303,7 @@ def case_list():
     gated_cases(cases, add)
     deltanet_cases(cases, add)
     dsa_cases(cases, add)
+    zoo_cases(cases, add)
     for i, case in enumerate(cases):
         case.setdefault("seed", 123 if case["article"] else 1000 + i)
     return cases
@@ -640,6 +645,87 @@ def dsa_cases(cases, add):
         forward=dict(decode=[1, 7, 16, 3, 13]), mode="inference")
 
 
+# The book's config keys that the zoo's attention layers do not read (zoo_cases drops them).
+ZOO_OTHER_KEYS = {"vocab_size", "hidden_dim", "n_layers", "layer_types", "logit_scale",
+                  "tie_word_embeddings", "vocab_size_per_layer_input",
+                  "hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp",
+                  "final_logit_softcap", "pad_token_id", "linear_conv_kernel_dim",
+                  "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+                  "linear_num_value_heads"}
+
+
+def zoo_cases(cases, add):
+    """The attention layer of each family of the book's chapter-5 zoo (module "ZooAttention":
+    reference.zoo_attention, book_zoo.py's Attention with its family's options, or its
+    Gemma4Attention) against MultiHeadAttention with the matching options: forward and backward
+    on each layer kind the family has, decoding through a KVCache (forward["decode"]) against
+    Python's one forward, bfloat16 inference for two families. The configs are
+    examples/zoo/tiny_configs.py's (emb_dim 32, 4 heads, 2 KV heads, head_dim 12 or 16, windows
+    of 4), less the keys the attention does not read; Tiny Aya's with attention_bias, so that
+    the biases of all four projections are compared too. The "_norms" cases add noise to the
+    seeded norm weights (ones or zeros), so that their values matter; they and Llama 3.2, whose
+    class draws W_key and W_value before W_query, are "seeded": false (the C++ module, seeded
+    alike, draws other weights; the harness loads Python's and compares from there).
+    float32, not float64: the stand-ins compute their norms and Gemma 4's softmax in float32
+    whatever the input's dtype, so a float64 case would hold float32 roundings against a
+    float64 tolerance. Gemma 4's training cases are computed in float64 (float32_casts_widened)
+    and rounded: with its scale of 1 on unit-RMS queries and keys the softmax is sharp, and
+    Python's own float32 gradients fall up to 2.5e-5 from the float64 ones (0.9 of float32's
+    tolerance; the other families' within 0.13 of it). Seeds of their own."""
+    reference.book_zoo()  # puts examples/zoo on the path
+    import tiny_configs
+
+    def config(family):
+        cfg = {k: v for k, v in tiny_configs.config(family).items()
+               if k not in ZOO_OTHER_KEYS and k != "dtype"}
+        if family == "tiny_aya":
+            cfg["attention_bias"] = True
+        return cfg
+
+    def zoo(name, family, layer, shape, dtype="float32", perturb_norms=False, **kw):
+        args = dict(family=family, layer=f"{layer}_attention", **config(family))
+        if perturb_norms:
+            args["perturb_norms"] = True
+        add(f"zoo_{family}_{name}", "ZooAttention", args, [shape], dtype, **kw)
+        cases[-1]["seed"] = 4900 + len(names)
+        cases[-1]["seeded"] = family != "llama32" and not perturb_norms
+        names.append(name)
+
+    names = []
+    # Forward and backward on each layer kind; norm weights that matter on one kind of each
+    # family with two (OLMo 3's over the whole projection among them). Batches of one past 16
+    # tokens keep the files small.
+    for family, layer, t, perturb in (("llama32", "full", 13, False), ("qwen3", "full", 9, False),
+                                      ("gemma3", "sliding", 17, False),
+                                      ("gemma3", "full", 11, True),
+                                      ("olmo3", "sliding", 19, False),
+                                      ("olmo3", "full", 10, True),
+                                      ("tiny_aya", "sliding", 21, False),
+                                      ("tiny_aya", "full", 12, False),
+                                      ("qwen3_5", "full", 15, False),
+                                      ("gemma4", "sliding", 23, True),
+                                      ("gemma4", "full", 37, False)):
+        zoo(f"{layer}{'_norms' if perturb else ''}_T{t}", family, layer,
+            [2 if t <= 16 else 1, t, 32], perturb_norms=perturb,
+            computed_in="float64" if family == "gemma4" else None)
+    # Decoding through a KVCache, token by token or in chunks: the sliding kind where a family
+    # has two (its window over the cache), Gemma 4's full one (its proportional rotary); norm
+    # weights that matter for the families whose training case above has seeded ones.
+    for family, layer, decode, perturb in (("llama32", "full", [1] * 12, False),
+                                           ("qwen3", "full", [5] + [1] * 7, True),
+                                           ("gemma3", "sliding", [1, 7, 16, 3, 13], False),
+                                           ("olmo3", "sliding", [3, 1, 1, 6, 1, 1, 9], False),
+                                           ("tiny_aya", "sliding", [1] * 10, False),
+                                           ("qwen3_5", "full", [6, 1, 9, 1, 1], True),
+                                           ("gemma4", "full", [4, 1, 1, 12, 1], False)):
+        zoo(f"{layer}{'_norms' if perturb else ''}_decode", family, layer,
+            [2 if sum(decode) <= 16 else 1, sum(decode), 32], forward=dict(decode=decode),
+            mode="inference", perturb_norms=perturb)
+    for family, layer, t in (("gemma3", "sliding", 24), ("qwen3_5", "full", 20)):
+        zoo(f"{layer}_inference_bfloat16", family, layer, [1, t, 32], "bfloat16",
+            mode="inference")
+
+
 def block_mask_hidden(spec, t_q, t_k):
     """The dense mask of a case's block mask, from the kind's definition: (t_q, t_k) bool, true
     = hidden (the library's attn_mask convention)."""
@@ -835,7 +921,8 @@ def run_case(case):
         wide_dtype = DTYPES[case["computed_in"]]
         wide = copy.deepcopy(module).to(wide_dtype)
         wide_inputs = [t.detach().to(wide_dtype).requires_grad_() for t in float_inputs.values()]
-        wide_output = wide(*wide_inputs)
+        with float32_casts_widened(case):
+            wide_output = wide(*wide_inputs)
         output = wide_output.detach().to(dtype)
         torch.manual_seed(case["seed"] + 2)
         grad_output = torch.randn(output.shape, dtype=torch.float64).to(dtype)
@@ -872,6 +959,26 @@ def run_case(case):
     return module, tensors
 
 
+@contextlib.contextmanager
+def float32_casts_widened(case):
+    """For a ZooAttention case: Tensor.float() leaves float64 tensors as they are while the
+    wide forward runs. book_zoo.py's classes compute their norms and Gemma 4's softmax in float32
+    (x.float()) whatever the input's dtype, so their float64 run would still round there; in
+    float64 throughout it is the float64 result of the same formulas. Other modules: nothing."""
+    if case["module"] != "ZooAttention":
+        yield
+        return
+    real = torch.Tensor.float
+
+    def wide_float(self, *args, **kwargs):
+        return self if self.dtype == torch.float64 else real(self, *args, **kwargs)
+    torch.Tensor.float = wide_float
+    try:
+        yield
+    finally:
+        torch.Tensor.float = real
+
+
 def tolerance_of_own_dtype(case, wide_tensors):
     """The tolerance of a case computed in a wider dtype: the dtype's own, or twice as far as the
     reference class computed in the case's dtype falls from the wide result, whichever is larger
@@ -884,6 +991,17 @@ def tolerance_of_own_dtype(case, wide_tensors):
     return {"atol": max(base["atol"], 2 * off), "rtol": base["rtol"]}
 
 
+def script(case, module):
+    """The module as TorchScript: scripted, or traced on zeros of the case's input shape for
+    ZooAttention (book_zoo.py's classes are not scriptable; the archive is for the weights)."""
+    if case["module"] != "ZooAttention":
+        return torch.jit.script(module)
+    x = torch.zeros(case["shapes"][0], dtype=DTYPES[case["dtype"]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return torch.jit.trace(module, x, check_trace=False)
+
+
 def write(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     manifest = {"torch_version": torch.__version__, "cases": []}
@@ -892,7 +1010,7 @@ def write(out_dir):
         name = case["name"]
         if getattr(module, "mask", None) is not None and module.mask.shape[0] > MAX_SAVED_MASK:
             module.mask = module.mask[:0, :0].clone()
-        torch.jit.save(torch.jit.script(module.eval()), os.path.join(out_dir, f"{name}.pt"))
+        torch.jit.save(script(case, module.eval()), os.path.join(out_dir, f"{name}.pt"))
         torch.save(dict(module.state_dict()), os.path.join(out_dir, f"{name}.state_dict.pt"))
         safetensors_io.save(module.state_dict(), os.path.join(out_dir, f"{name}.safetensors"))
         torch.save(tensors, os.path.join(out_dir, f"{name}.tensors.pt"))
@@ -908,6 +1026,7 @@ def write(out_dir):
             "mode": case["mode"],
             "path": case["path"],
             "computed_in": case["computed_in"] or case["dtype"],
+            "seeded": case.get("seeded", True),
             "shapes": {k: list(v.shape) for k, v in tensors.items()},
             "input_magnitude": case["magnitude"],
             "tolerance": case.get("tolerance", TOLERANCE[case["dtype"]]),

@@ -2,10 +2,14 @@
 
 Each class keeps the article's parameter names and initialization order (torch.rand for W_query,
 W_key, W_value in that order), so that `torch.manual_seed(s)` gives the same weights here and in
-C++. Every class is scriptable with torch.jit.script.
+C++. Every class is scriptable with torch.jit.script, except ZooAttention (book_zoo.py's own
+classes, the chapter-5 zoo's attention layers), which make_golden.py traces.
 """
 
 import math
+import os
+import sys
+import types
 from typing import List, Optional, Tuple
 
 import torch
@@ -660,6 +664,127 @@ class MultiHeadAttentionWithDSA(nn.Module):
         return self.out_proj(context)
 
 
+# ------------------------------------------------------------------------------------------------
+# The attention layer of each family of the book's chapter-5 zoo, made by the stand-ins of the
+# book's classes in examples/zoo/book_zoo.py (imported from there, not copied).
+
+ZOO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "zoo")
+# The case's args that are not the book's config keys.
+ZOO_CASE_KEYS = ("family", "layer", "perturb_norms")
+
+
+def book_zoo():
+    """examples/zoo/book_zoo.py, imported by path."""
+    if ZOO not in sys.path:
+        sys.path.insert(0, ZOO)
+    import book_zoo as module
+    return module
+
+
+class _Recorded(Exception):
+    """Raised by the stand-in of book_zoo.Attention that records the arguments make_block
+    passes, before make_block goes on to draw the block's other modules."""
+
+    def __init__(self, args, kwargs):
+        super().__init__()
+        self.args, self.kwargs = args, kwargs
+
+
+def _zoo_model(bz, family, cfg):
+    """The family's model class, and an object holding `cfg` and the model's head_dim on which
+    the class's make_block, rope_buffers and mixer_args run as on a model (the model itself
+    would draw the embeddings, feed-forwards and head too)."""
+    cls = bz.FAMILIES[family][0]
+    model = types.SimpleNamespace(cfg=cfg)
+    if family != "gemma4":
+        model.head_dim = cls.head_dim.fget(model)
+    return cls, model
+
+
+def _attention_arguments(bz, family, cfg, kind):
+    """The arguments the family's make_block gives book_zoo.Attention for a layer of `kind`."""
+    cls, model = _zoo_model(bz, family, cfg)
+    real = bz.Attention
+
+    def record(*args, **kwargs):
+        raise _Recorded(args, kwargs)
+    bz.Attention = record
+    try:
+        cls.make_block(model, 0, kind)
+    except _Recorded as recorded:
+        return recorded.args, recorded.kwargs
+    finally:
+        bz.Attention = real
+    raise ValueError(f"{family}'s make_block made no Attention for a {kind} layer")
+
+
+def _zoo_tables(bz, family, cfg, kind):
+    """A function of (t, dtype) giving the (mask, cos, sin) the family's model hands a layer of
+    `kind` over t tokens: its own rope_buffers and mixer_args, masks_for as its forward calls it;
+    Gemma 4's tables and choice as Gemma4Model.__init__ and forward make them."""
+    if family == "gemma4":
+        ctx = cfg["context_length"]
+        if kind == "sliding_attention":
+            cos, sin = bz.rope_tables(bz.rope_inv_freq(cfg["head_dim"], cfg["rope_local_base"]),
+                                      ctx)
+        else:
+            if cfg["rope_global_type"] == "proportional":
+                inv = bz.rope_inv_freq_proportional(cfg["global_head_dim"],
+                                                    cfg["rope_global_base"],
+                                                    cfg["rope_global_partial_rotary_factor"])
+            else:
+                inv = bz.rope_inv_freq(cfg["global_head_dim"], cfg["rope_global_base"])
+            cos, sin = bz.rope_tables(inv, ctx)
+
+        def gemma4(t, dtype):
+            return bz.masks_for(t, cfg["sliding_window"])[kind], cos, sin
+        return gemma4
+    cls, model = _zoo_model(bz, family, cfg)
+    for name, table in cls.rope_buffers(model).items():
+        setattr(model, name, table)
+
+    def tables(t, dtype):
+        return cls.mixer_args(model, kind, bz.masks_for(t, cfg.get("sliding_window")), t, dtype)
+    return tables
+
+
+def zoo_attention(args: dict, seed: int, dtype: torch.dtype) -> nn.Module:
+    """The attention layer of args["family"]'s model for a layer of kind args["layer"]
+    ("sliding_attention" or "full_attention"), the other args being the book's config keys: the
+    book_zoo class itself (Attention with the arguments the family's make_block gives it, or
+    Gemma4Attention), created in float32 right after torch.manual_seed(seed), then cast to
+    `dtype`. Its forward takes x alone: the mask and rotary tables are made from the config as
+    the family's model makes them for that layer. With args["perturb_norms"], every norm weight
+    then gets N(0, 0.5^2) noise from a generator of its own (seed + 5), so that the weights'
+    values matter (seeded, they are ones or zeros)."""
+    bz = book_zoo()
+    family, kind = args["family"], args["layer"]
+    cfg = {k: v for k, v in args.items() if k not in ZOO_CASE_KEYS}
+    cfg.update(dtype=torch.float32, n_layers=1, layer_types=[kind])
+    if family == "gemma4":
+        cfg["num_kv_shared_layers"] = 0
+        base, call = bz.Gemma4Attention, ((cfg, 0), {})
+    else:
+        base, call = bz.Attention, _attention_arguments(bz, family, cfg, kind)
+    tables = _zoo_tables(bz, family, cfg, kind)
+
+    class ZooAttention(base):
+        def forward(self, x):
+            out = super().forward(x, *tables(x.shape[1], x.dtype))
+            return out[0] if isinstance(out, tuple) else out
+
+    torch.manual_seed(seed)
+    layer = ZooAttention(*call[0], **call[1])
+    if args.get("perturb_norms"):
+        generator = torch.Generator().manual_seed(seed + 5)
+        with torch.no_grad():
+            for name, p in layer.named_parameters():
+                if "norm" in name:
+                    p.add_(torch.randn(p.shape, generator=generator, dtype=torch.float64)
+                           .to(p.dtype) * 0.5)
+    return layer.to(dtype)
+
+
 MODULES = {
     "SelfAttention": SelfAttention,
     "MultiHeadAttentionWrapper": MultiHeadAttentionWrapper,
@@ -676,5 +801,7 @@ MODULES = {
 
 def build(module: str, args: dict, seed: int, dtype: torch.dtype) -> nn.Module:
     """The module as a golden case makes it: seeded right before construction, then cast."""
+    if module == "ZooAttention":
+        return zoo_attention(args, seed, dtype)
     torch.manual_seed(seed)
     return MODULES[module](**args).to(dtype)

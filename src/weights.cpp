@@ -94,19 +94,25 @@ void check_norm_kinds(torch::nn::Module& module, WeightLayout layout,
   if (!detail::is_hugging_face(layout)) return;
   const bool zero_centred = detail::zero_centred_norms(layout);
   const std::set<std::string> names(loaded.begin(), loaded.end());
-  for (const auto& item : module.named_modules()) {
-    const auto* norm = dynamic_cast<const NormImpl*>(item.value().get());
+  // The module itself, then its descendants (named_modules() with the module included needs it
+  // held by a shared_ptr, which a caller's module on the stack is not).
+  std::vector<std::pair<std::string, const torch::nn::Module*>> modules = {{"", &module}};
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    modules.emplace_back(item.key(), item.value().get());
+  }
+  for (const auto& [path, submodule] : modules) {
+    const auto* norm = dynamic_cast<const NormImpl*>(submodule);
     if (norm == nullptr || !norm->weight.defined()) continue;
-    const std::string weight =
-        item.key() +
-        (norm->options.parameter_name() == NormParameter::Scale ? ".scale" : ".weight");
+    const char* leaf = norm->options.parameter_name() == NormParameter::Scale ? "scale" : "weight";
+    const std::string weight = path.empty() ? leaf : path + "." + leaf;
     if (!names.count(weight)) continue;
     const bool centred = norm->options.kind() == NormKind::ZeroCenteredRMS;
     if (centred != zero_centred) {
-      problems.push_back(fmt::format(
-          "{}: the checkpoint stores {} norm weights, and the module's {} is {}", weight,
-          zero_centred ? "zero-centred (1 + w)" : "plain (not zero-centred)", item.key(),
-          centred ? "zero-centred (NormKind::ZeroCenteredRMS)" : "not zero-centred"));
+      problems.push_back(
+          fmt::format("{}: the checkpoint stores {} norm weights, and the module's {} is {}",
+                      weight, zero_centred ? "zero-centred (1 + w)" : "plain (not zero-centred)",
+                      path.empty() ? std::string("norm") : path,
+                      centred ? "zero-centred (NormKind::ZeroCenteredRMS)" : "not zero-centred"));
     }
   }
 }

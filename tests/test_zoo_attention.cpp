@@ -420,6 +420,25 @@ TEST_CASE("zoo: options that cannot hold are refused by name, before anything is
   CHECK_NOTHROW(MultiHeadAttention(O(8, 8, 2).head_dim(1).qk_norm(HeadNormOptions())));
   CHECK_NOTHROW(F::rotary_frequencies(F::RotaryOptions().rotary_dim(8).yarn_scaling(
       F::YarnRopeScaling().original_context_length(std::numeric_limits<int64_t>::max()))));
+  // A reading layer must rotate its queries as its producer rotated the keys it shares.
+  {
+    torch::NoGradGuard no_grad;
+    MultiHeadAttention producer(O(8, 8, 2).rope(F::RotaryOptions()));
+    MultiHeadAttention reader(O(8, 8, 2)), other(O(8, 8, 2).rope(F::RotaryOptions().theta(500.0)));
+    const auto x = torch::randn({1, 5, 8});
+    attention::SharedKV shared;
+    producer(x, MultiHeadAttentionForwardOptions().share_kv(&shared));
+    CHECK_THROWS_C10(reader(x, MultiHeadAttentionForwardOptions().shared_kv(&shared)),
+                     c10::ValueError,
+                     name +
+                         "shared_kv's keys carry their producer's rotary embedding (theta "
+                         "10000, rotary_dim 4, HalfSplit, rotated_pairs 0), and this layer's "
+                         "is none: a reading layer needs its producer's rope");
+    CHECK_THROWS_C10(other(x, MultiHeadAttentionForwardOptions().shared_kv(&shared)),
+                     c10::ValueError, "and this layer's is theta 500, rotary_dim 4");
+    MultiHeadAttention twin(O(8, 8, 2).rope(F::RotaryOptions()));
+    CHECK_NOTHROW(twin(x, MultiHeadAttentionForwardOptions().shared_kv(&shared)));
+  }
   // What torch::nn::MultiheadAttention cannot hold.
   for (const auto& family : families()) {
     if (family.name == "llama3") continue;

@@ -42,17 +42,34 @@ in bfloat16 only the tokens must agree (its logits are reported beside the book'
 cached-versus-uncached difference, which is as large). The book never runs a model in float64
 (its norms and rotary work in float32 whatever the dtype), so there is no float64 check.
 Prints a PASS/FAIL line per family, then the numbers per dtype; exits 1 if any fails.
+
+    check_against_book.py --book PATH --bench [--threads N] [FAMILY...]
+
+runs no checks: for each family, the speed of the book's own cached greedy generation (its
+KV-cache model and its generate_text_basic_stream, loaded as above; Llama's from pkg) on the
+family's seeded tiny model in float32: 58 new tokens after the 6-token prompt (the context of
+64), the prompt in one call then one token a call (the generator is stopped after its 58th
+token, before it would feed that one back: 58 model calls, as the C++ example's `zoo MODEL_DIR
+--bench`), best of 5 after a warm-up, at N threads (default: PyTorch's). One JSON line per
+family, {"lang": "python", "generation": "python.book.kv_cache", "family", "dtype", "threads",
+"tokens", "tokens_per_s", "same_tokens_as_stand_in"} (the last: the generated tokens equal the
+stand-in's uncached greedy ones); where the book has no KV-cache model for a family,
+tokens_per_s is null and "note" says why. Gemma 4's line notes that the prefill timed is the
+book generator's, the one that is wrong for a prompt longer than the window (see above). The
+header goes to stderr.
 """
 
 import argparse
 import ast
 import contextlib
 import io
+import itertools
 import json
 import re
 import sys
 import tempfile
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -391,19 +408,95 @@ def check_dtype(family, plain, kv, dtype_name, exact):
     return fails, "; ".join(parts)
 
 
+# ------------------------------------------------------------------------------------------------
+# --bench: the book's cached generation, timed
+
+BENCH_REPEATS = 5
+
+
+def bench_family(family, kv, threads):
+    """The JSON record of the book's cached greedy generation for `family` (see the docstring)."""
+    cfg = tiny_configs.config(family, torch.float32)
+    prompt = tiny_configs.prompt()
+    n = cfg["context_length"] - prompt.shape[1]
+    line = {"lang": "python", "generation": "python.book.kv_cache", "family": family,
+            "dtype": "float32", "threads": threads, "tokens": n}
+    cls_name = BOOK_NAMES[family][0]
+    missing = [name for name in (cls_name, "KVCache", "generate_text_basic_stream")
+               if not hasattr(kv, name)]
+    if missing:
+        return {**line, "tokens_per_s": None,
+                "note": f"the book's KV-cache code ({book_zoo.FAMILIES[family][2]}) has no "
+                        f"{', '.join(missing)}: no cached generation to time"}
+    ours = tiny_configs.seeded_model(family, torch.float32)
+    with contextlib.redirect_stdout(io.StringIO()):
+        model = getattr(kv, cls_name)(cfg).eval()
+    model.load_state_dict(ours.state_dict())
+
+    def generate():
+        # islice stops the generator after its n-th token, before it feeds that one back.
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            return list(itertools.islice(kv.generate_text_basic_stream(model, prompt, n), n))
+
+    tokens = torch.cat([prompt] + generate(), dim=1)  # the warm-up
+    best = float("inf")
+    for _ in range(BENCH_REPEATS):
+        start = time.perf_counter()
+        generate()
+        best = min(best, time.perf_counter() - start)
+    line.update(tokens_per_s=round(n / best, 1),
+                same_tokens_as_stand_in=torch.equal(tokens, book_zoo.generate(ours, prompt, n)[0]))
+    if family == "gemma4":
+        line["note"] = (f"timed as the book's generator runs it: the {prompt.shape[1]}-token "
+                        f"prompt in one call, whose logits before the last position are wrong "
+                        f"(window {cfg['sliding_window']}, a KV-shared sliding layer); the "
+                        f"generated tokens are right")
+    return line
+
+
+def bench(root, families, threads):
+    if threads is not None:
+        torch.set_num_threads(threads)
+    threads = torch.get_num_threads()
+    for family in families:
+        kv_source = book_zoo.FAMILIES[family][2]
+        try:
+            if not (root / kv_source).is_file():
+                raise FileNotFoundError(f"{kv_source} is not in the book's tree")
+            kv = load_pkg_llama_kv(root) if kv_source.endswith(".py") \
+                else load_notebook(root / kv_source)
+        except Exception as error:
+            line = {"lang": "python", "generation": "python.book.kv_cache", "family": family,
+                    "dtype": "float32", "threads": threads,
+                    "tokens": tiny_configs.CONFIGS[family]["context_length"] - len(
+                        tiny_configs.PROMPT),
+                    "tokens_per_s": None,
+                    "note": f"the book has no KV-cache model to time here: {error!r}"}
+        else:
+            line = bench_family(family, kv, threads)
+        print(json.dumps(line), flush=True)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--book", required=True, type=Path,
                         help="a checkout or extracted tree of rasbt/LLMs-from-scratch")
     parser.add_argument("--commit", help="the tree's commit, when it is not a git checkout")
+    parser.add_argument("--bench", action="store_true",
+                        help="no checks: time the book's cached generation per family")
+    parser.add_argument("--threads", type=int, help="with --bench (default: PyTorch's)")
     parser.add_argument("families", nargs="*", metavar="FAMILY")
     args = parser.parse_args(argv)
     root = args.book.resolve()
-    print(f"book commit {book_commit(root, args.commit)}; torch {torch.__version__}")
+    header = sys.stderr if args.bench else sys.stdout
+    print(f"book commit {book_commit(root, args.commit)}; torch {torch.__version__}", file=header)
     installed = install_stand_ins()
     if installed:
-        print(f"stand-ins installed: {', '.join(installed)}")
+        print(f"stand-ins installed: {', '.join(installed)}", file=header)
     torch.set_grad_enabled(False)
+    if args.bench:
+        return bench(root, args.families or list(book_zoo.FAMILIES), args.threads)
     failed = False
     for family in args.families or list(book_zoo.FAMILIES):
         _, notebook, kv_source = book_zoo.FAMILIES[family]

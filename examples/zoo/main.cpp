@@ -106,7 +106,19 @@ bool check(const std::string& route, const Run& run,
 
 }  // namespace
 
+int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  // A configuration or a file that cannot hold is refused by name, before anything is computed.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "zoo: {}\n", e.what());
+    return 2;
+  }
+}
+
+int run(int argc, char** argv) {
   if (argc < 2) {
     fmt::print(stderr, "usage: zoo MODEL_DIR [--threads N] [--bench]\n");
     return 2;

@@ -146,6 +146,12 @@ struct SharedKV {
   torch::Tensor keys;
   /// Its values, of the same shape.
   torch::Tensor values;
+  /// Set by a producing layer's forward: the rotary embedding its keys carry (unset: none). A
+  /// reading layer must rotate its queries alike; keys given by hand (`produced` false) are
+  /// taken as they are.
+  c10::optional<functional::RotaryOptions> rope = c10::nullopt;
+  /// Whether a producing layer's forward filled it (rather than the caller by hand).
+  bool produced = false;
 };
 
 /// Per-call options of MultiHeadAttention::forward.

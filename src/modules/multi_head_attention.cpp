@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 namespace attention {
 
@@ -452,7 +453,12 @@ functional::AttentionOutput MultiHeadAttentionImpl::forward(
     if (weights.defined()) weights = weights.squeeze(0);
   }
   caches.keep();
-  if (forward_options.share_kv() != nullptr) *forward_options.share_kv() = SharedKV{keys, values};
+  if (forward_options.share_kv() != nullptr) {
+    *forward_options.share_kv() = SharedKV{
+        keys, values,
+        rotary_ ? c10::optional<functional::RotaryOptions>(rotary_->options()) : c10::nullopt,
+        true};
+  }
   return {output, weights};
 }
 
@@ -468,6 +474,26 @@ void MultiHeadAttentionImpl::check_shared_kv(
   TORCH_CHECK_VALUE(!forward_options.share_kv(), kMultiHeadAttentionName,
                     ": expected share_kv or shared_kv, got both (layers after a reading layer "
                     "read the producer's SharedKV too)");
+  if (shared.produced) {
+    // The producer's keys carry its rotary embedding: this layer's queries must turn alike (a
+    // layer without one, or with another, would meet keys at positions it does not know).
+    const auto describe = [](const c10::optional<functional::RotaryOptions>& r) {
+      if (!r) return std::string("none");
+      std::ostringstream text;
+      text << "theta " << r->theta() << ", rotary_dim " << r->rotary_dim() << ", "
+           << (r->layout() == functional::RotaryLayout::HalfSplit ? "HalfSplit" : "Interleaved")
+           << ", rotated_pairs " << r->rotated_pairs()
+           << (r->llama3_scaling() ? ", llama3_scaling" : "")
+           << (r->yarn_scaling() ? ", yarn_scaling" : "");
+      return text.str();
+    };
+    const auto mine =
+        rotary_ ? c10::optional<functional::RotaryOptions>(rotary_->options()) : c10::nullopt;
+    TORCH_CHECK_VALUE(describe(mine) == describe(shared.rope), kMultiHeadAttentionName,
+                      ": shared_kv's keys carry their producer's rotary embedding (",
+                      describe(shared.rope), "), and this layer's is ", describe(mine),
+                      ": a reading layer needs its producer's rope");
+  }
   const auto& keys = shared.keys;
   const auto& values = shared.values;
   TORCH_CHECK_VALUE(keys.defined() && values.defined(), kMultiHeadAttentionName,

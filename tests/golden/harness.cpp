@@ -8,6 +8,8 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 
@@ -47,6 +49,7 @@ std::vector<Case> read_manifest(const std::string& dir) {
     c.path = entry.value("path", "math");
     c.inputs = entry.at("inputs").get<std::vector<std::string>>();
     c.forward = entry.at("forward");
+    c.seeded = entry.value("seeded", true);
     c.atol = entry.at("tolerance").at("atol");
     c.rtol = entry.at("tolerance").at("rtol");
     c.weights_path = dir + "/" + entry.at("weights").get<std::string>();
@@ -246,6 +249,8 @@ Module paged_multi_head_attention(attention::MultiHeadAttention mha, const nlohm
   });
 }
 
+Module multi_head_attention_forward(attention::MultiHeadAttention mha, const nlohmann::json& f);
+
 Module make_multi_head_attention(const Case& c) {
   const auto& a = c.args;
   auto mha_options =
@@ -288,8 +293,12 @@ Module make_multi_head_attention(const Case& c) {
     }
     mha_options.rope(rope);
   }
-  attention::MultiHeadAttention mha(mha_options);
-  const auto f = c.forward;
+  return multi_head_attention_forward(attention::MultiHeadAttention(mha_options), c.forward);
+}
+
+// The forward a case asks of a MultiHeadAttention (forward: packed, paged, block_mask,
+// score_mod, decode, sliding_cache, need_weights, backend, and the inputs by name).
+Module multi_head_attention_forward(attention::MultiHeadAttention mha, const nlohmann::json& f) {
   const auto backend = backend_of(f);
   if (f.contains("packed")) return packed_multi_head_attention(mha, f, backend);
   if (f.contains("paged")) return paged_multi_head_attention(mha, f, backend);
@@ -326,6 +335,105 @@ Module make_multi_head_attention(const Case& c) {
         in_chunks(x, decode, [&](const torch::Tensor& chunk) { return m(chunk, options).output; }),
         {}};
   });
+}
+
+// The attention layer of a family of the book's chapter-5 zoo (scripts/reference.py's
+// ZooAttention: examples/zoo/book_zoo.py's Attention as the family's make_block makes it, or its
+// Gemma4Attention) for a layer of kind args["layer"], the other args being the book's config
+// keys: MultiHeadAttention with the family's options, written here from the book's classes (as
+// examples/zoo/zoo_model.cpp's describe() sets them). The QK-norms are the Attention class's,
+// eps 1e-6 (Gemma 4's: layer_norm_eps).
+Module make_zoo_attention(const Case& c) {
+  namespace F = attention::functional;
+  using attention::HeadNormOptions;
+  using attention::HeadNormScope;
+  using attention::NormKind;
+  using attention::NormParameter;
+  const auto& a = c.args;
+  const std::string family = a.at("family"), layer = a.at("layer");
+  TORCH_CHECK(layer == "sliding_attention" || layer == "full_attention",
+              "golden: unknown zoo layer ", layer);
+  const bool sliding = layer == "sliding_attention";
+  const auto number = [&](const char* key) { return a.at(key).get<double>(); };
+  const auto integer = [&](const char* key) { return a.at(key).get<int64_t>(); };
+  const int64_t d = integer("emb_dim"), heads = integer("n_heads");
+  const int64_t kv_heads =
+      a.contains("n_kv_groups") ? integer("n_kv_groups") : integer("n_kv_heads");
+  // Llama 3.2's head_dim is always emb_dim / n_heads; Gemma 4's full layers have their own.
+  const bool has_head_dim = a.contains("head_dim") && !a.at("head_dim").is_null();
+  int64_t head_dim = family != "llama32" && has_head_dim ? integer("head_dim") : d / heads;
+  if (family == "gemma4" && !sliding) head_dim = integer("global_head_dim");
+  const bool bias = a.value("attention_bias", false);
+  auto o = attention::MultiHeadAttentionOptions(d, d, heads)
+               .num_kv_heads(kv_heads)
+               .head_dim(head_dim)
+               .qkv_bias(bias)
+               .out_bias(bias);
+  if (sliding) o.sliding_window(integer("sliding_window"));
+  // The rotary embedding, when the layer has one: its base set by each family below.
+  F::RotaryOptions r;
+  const auto per_head = HeadNormOptions().eps(1e-6);
+  const bool qk_norm = a.value("qk_norm", false);
+  if (family == "llama32") {
+    r.theta(number("rope_base"));
+    if (a.contains("rope_freq") && !a.at("rope_freq").is_null()) {
+      const auto& s = a.at("rope_freq");
+      r.llama3_scaling(
+          F::Llama3RopeScaling()
+              .factor(s.at("factor").get<double>())
+              .low_freq_factor(s.at("low_freq_factor").get<double>())
+              .high_freq_factor(s.at("high_freq_factor").get<double>())
+              .original_context_length(s.at("original_context_length").get<int64_t>()));
+    }
+    o.rope(r);
+  } else if (family == "qwen3") {
+    o.rope(r.theta(number("rope_base")));
+    if (qk_norm) o.qk_norm(HeadNormOptions(per_head).parameter_name(NormParameter::Scale));
+  } else if (family == "gemma3") {
+    o.rope(r.theta(number(sliding ? "rope_local_base" : "rope_base")));
+    if (qk_norm) {
+      o.qk_norm(HeadNormOptions(per_head)
+                    .kind(NormKind::ZeroCenteredRMS)
+                    .parameter_name(NormParameter::Scale));
+    }
+    const auto& s = a.at("query_pre_attn_scalar");
+    o.scale(1.0 / std::sqrt(s.is_null() ? static_cast<double>(head_dim) : s.get<double>()));
+  } else if (family == "olmo3") {
+    r.theta(number("rope_base"));
+    if (a.at("rope_type").get<std::string>() == "yarn") {
+      r.yarn_scaling(F::YarnRopeScaling()
+                         .factor(number("rope_factor"))
+                         .original_context_length(integer("rope_orig_max"))
+                         .attention_factor(number("rope_attention_factor")));
+    }
+    o.rope(r).qk_norm(HeadNormOptions(per_head).scope(HeadNormScope::Projection));
+  } else if (family == "tiny_aya") {
+    // Rotary on the sliding layers only; the full layers have no position encoding.
+    if (sliding) o.rope(r.theta(number("rope_base")).layout(F::RotaryLayout::Interleaved));
+  } else if (family == "qwen3_5") {
+    auto rotary =
+        static_cast<int64_t>(static_cast<double>(head_dim) * a.value("partial_rotary_factor", 1.0));
+    rotary = std::max<int64_t>(2, rotary - rotary % 2);
+    o.rope(r.theta(number("rope_base")).rotary_dim(rotary)).gate(true).gate_in_query(true);
+    if (qk_norm) o.qk_norm(HeadNormOptions(per_head).kind(NormKind::ZeroCenteredRMS));
+  } else if (family == "gemma4") {
+    const auto norm = HeadNormOptions().eps(number("layer_norm_eps"));
+    o.scale(1.0).qk_norm(norm).value_norm(HeadNormOptions(norm).elementwise_affine(false));
+    if (sliding) {
+      o.rope(r.theta(number("rope_local_base")));
+    } else {
+      r.theta(number("rope_global_base"));
+      if (a.at("rope_global_type").get<std::string>() == "proportional") {
+        // The first int(fraction * head_dim / 2) pairs turn, with the whole head's exponents.
+        r.rotated_pairs(static_cast<int64_t>(number("rope_global_partial_rotary_factor") *
+                                             static_cast<double>(head_dim) / 2));
+      }
+      o.rope(r);
+    }
+  } else {
+    TORCH_CHECK(false, "golden: unknown zoo family ", family);
+  }
+  return multi_head_attention_forward(attention::MultiHeadAttention(o), c.forward);
 }
 
 // The book's MultiHeadLatentAttention; forward["decode"]: chunk sizes fed through a LatentCache
@@ -472,6 +580,8 @@ Module make_module(const Case& c) {
   } else if (c.module == "MultiHeadAttention" || c.module == "GatedMultiHeadAttention") {
     // The book's gated attention is MultiHeadAttention with gate(true).
     m = make_multi_head_attention(c);
+  } else if (c.module == "ZooAttention") {
+    m = make_zoo_attention(c);
   } else if (c.module == "MultiHeadLatentAttention") {
     m = make_multi_head_latent_attention(c);
   } else if (c.module == "KVSharingStack") {
@@ -501,6 +611,35 @@ std::map<std::string, torch::Tensor> read_tensors(const Case& c) {
 
 namespace {
 
+// Whether the case's files name the projections as Hugging Face does: the zoo's Gemma 4.
+bool hugging_face_names(const Case& c) {
+  return c.module == "ZooAttention" && c.args.at("family") == "gemma4";
+}
+
+}  // namespace
+
+attention::LoadOptions load_options(const Case& c) {
+  // The book's Gemma 4 attention keeps Hugging Face's names, q_proj ... o_proj.
+  if (hugging_face_names(c)) return attention::LoadOptions().layout(attention::WeightLayout::Llama);
+  return {};
+}
+
+namespace {
+
+// The name of a parameter in the case's files: the module's, or the Hugging Face name it loads
+// from (load_options()).
+std::string file_name(const Case& c, const std::string& name) {
+  if (!hugging_face_names(c)) return name;
+  static const std::map<std::string, std::string> hf = {{"W_query.", "q_proj."},
+                                                        {"W_key.", "k_proj."},
+                                                        {"W_value.", "v_proj."},
+                                                        {"out_proj.", "o_proj."}};
+  for (const auto& [mine, theirs] : hf) {
+    if (name.rfind(mine, 0) == 0) return theirs + name.substr(mine.size());
+  }
+  return name;
+}
+
 // The golden case as the parity kit reads a recorded one: the same tensors under the kit's names
 // (output -> output.0, grad_output -> grad_output.0, grad.<input> -> grad.input.<input>,
 // grad.<parameter> -> grad.param.<parameter>), so that one harness, the kit's, checks both.
@@ -528,7 +667,8 @@ attention::testing::ParityCase as_parity_case(const Case& c, const torch::nn::Mo
     p.tensors["grad_output.0"] = golden.at("grad_output");
     for (const auto& parameter : module.named_parameters()) {
       p.parameter_names.push_back(parameter.key());
-      p.tensors["grad.param." + parameter.key()] = golden.at("grad." + parameter.key());
+      p.tensors["grad.param." + parameter.key()] =
+          golden.at("grad." + file_name(c, parameter.key()));
     }
   }
   return p;

@@ -4,6 +4,7 @@
 // backward on the case's inputs, and compares with what Python computed.
 
 #include <attention/functional.h>
+#include <attention/weights.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
@@ -35,6 +36,10 @@ struct Case {
   /// forward: "direct", "math", "chunked_fused", "chunked_tiles" or "native".
   std::string path = "math";
   double atol = 0, rtol = 0;
+  /// Whether the module seeded with `seed` holds Python's weights ("seeded" in the manifest,
+  /// default true): false where Python's class draws them in another order (the zoo's Llama 3.2
+  /// attention draws W_key and W_value before W_query) or the case changed them after seeding.
+  bool seeded = true;
   std::string weights_path;
   std::string tensors_path;
   std::string state_dict_path;
@@ -59,6 +64,11 @@ struct Module {
 };
 /// Seeded with the case's seed right before construction, then cast to the case's dtype.
 Module make_module(const Case& c);
+
+/// How the case's weight files load into make_module's module: the Llama layout for the zoo's
+/// Gemma 4 attention, whose class names its projections q_proj ... o_proj; the defaults
+/// otherwise. Its gradients are named as its file's parameters.
+attention::LoadOptions load_options(const Case& c);
 
 /// The case's tensors file: input.<arg>, output, grad_output, grad.<name>.
 std::map<std::string, torch::Tensor> read_tensors(const Case& c);

@@ -33,6 +33,8 @@
 //                               a decoding step at both positions)
 //           dsa:T              (DeepSeek sparse attention over T tokens with top-k 512 and 2048:
 //                               the indexer and the top-k attention against causal attention)
+//           zoo-layer          (an attention layer of Qwen3-0.6B and of Gemma 3 1B at their
+//                               sizes: a prefill of 2048 tokens, a decoding step after 4096)
 //           auto               (Backend::Auto's choice against Chunked and Math at T = 8 to
 //                               1024, B=1, H=8, through the functional API and the operator,
 //                               with and without gradients)
@@ -350,6 +352,66 @@ void bench_auto() {
           }
         }
       }
+    }
+  }
+}
+
+// One attention layer of two models of the book's zoo at their real sizes, MultiHeadAttention
+// with their options: Qwen3-0.6B (width 1024, 16 heads of 128, 8 key/value heads, RMSNorm per
+// head) and Gemma 3 1B (width 1152, 4 heads of 256, 1 key/value head, zero-centred RMSNorm, scale
+// 256^-1/2, a window of 512), float32 and bfloat16: a prefill of 2048 tokens (B=1) and a decoding
+// step after 4096 cached tokens through a KVCache. scripts/bench_zoo.py times the book's classes
+// on the same sizes.
+void bench_zoo_layer() {
+  torch::NoGradGuard no_grad;
+  using attention::HeadNormOptions;
+  using attention::MultiHeadAttentionOptions;
+  const auto qk = HeadNormOptions().eps(1e-6);
+  const std::vector<std::pair<std::string, MultiHeadAttentionOptions>> layers = {
+      {"qwen3_0_6b",
+       MultiHeadAttentionOptions(1024, 1024, 16)
+           .num_kv_heads(8)
+           .head_dim(128)
+           .out_bias(false)
+           .qk_norm(HeadNormOptions(qk).parameter_name(attention::NormParameter::Scale))
+           .rope(F::RotaryOptions().theta(1e6))},
+      {"gemma3_1b", MultiHeadAttentionOptions(1152, 1152, 4)
+                        .num_kv_heads(1)
+                        .head_dim(256)
+                        .out_bias(false)
+                        .qk_norm(HeadNormOptions(qk).kind(attention::NormKind::ZeroCenteredRMS))
+                        .scale(1.0 / 16)
+                        .sliding_window(512)
+                        .rope(F::RotaryOptions().theta(10000.0))}};
+  const int64_t prefill = settings.quick ? 128 : 2048, cached = settings.quick ? 256 : 4096;
+  for (const auto& [name, options] : layers) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      torch::manual_seed(0);
+      attention::MultiHeadAttention mha(options);
+      mha->to(dtype);
+      mha->eval();
+      const auto tag =
+          fmt::format("cpp.zoo.{}.{}", name, dtype == torch::kFloat ? "float32" : "bfloat16");
+      const auto x = torch::randn({1, prefill, options.d_in()}).to(dtype);
+      const double prefill_ms = median_ms([&] { mha(x); }, settings.repeats);
+      // Flops: the projections (q, k, v, out) and causal attention (half the scores).
+      const double hd = 128.0 * (name == "gemma3_1b" ? 2 : 1), H = options.num_heads();
+      const double kv = options.num_kv_heads(), d = options.d_in();
+      const double projections = 2.0 * prefill * d * hd * (2 * H + 2 * kv);
+      record("zoo-layer", tag + ".prefill", "forward", prefill, prefill_ms,
+             (projections + 2.0 * 2 * H * prefill * prefill * hd * 0.5) / 1e9);
+      // The decoding step: a cache of `cached` tokens, one more token at a time.
+      attention::KVCache cache(cached + settings.repeats + 2);
+      mha(torch::randn({1, cached, options.d_in()}).to(dtype),
+          attention::MultiHeadAttentionForwardOptions().kv_cache(&cache));
+      const auto token = torch::randn({1, 1, options.d_in()}).to(dtype);
+      const double step_ms = median_ms(
+          [&] { mha(token, attention::MultiHeadAttentionForwardOptions().kv_cache(&cache)); },
+          settings.repeats);
+      record("zoo-layer", tag + ".decode_step", "forward", cached, step_ms,
+             (2.0 * d * hd * (2 * H + 2 * kv) + 2.0 * 2 * H * cached * hd) / 1e9);
+      progress(fmt::format("zoo-layer {}: prefill {:.1f} ms, decoding step {:.3f} ms", tag,
+                           prefill_ms, step_ms));
     }
   }
 }
@@ -1332,7 +1394,7 @@ int main(int argc, char** argv) {
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
           "        read-rate paged-decode paged-prefill block-mask:T block-attention:T\n"
-          "        mla-decode deltanet dsa:T auto\n");
+          "        mla-decode deltanet dsa:T auto zoo-layer\n");
       return 0;
     } else {
       groups.push_back(arg);
@@ -1356,6 +1418,8 @@ int main(int argc, char** argv) {
       bench_dtypes();
     } else if (g == "auto") {
       bench_auto();
+    } else if (g == "zoo-layer") {
+      bench_zoo_layer();
     } else if (g.rfind("long-train:", 0) == 0) {
       const auto colon = g.find(':', 11);
       bench_long_train(g.substr(11, colon - 11), std::stoll(g.substr(colon + 1)));
