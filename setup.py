@@ -108,7 +108,9 @@ setup(
     packages=["attention_ops", "attention_parity"],
     package_dir={"": "python"},
     python_requires=">=3.8",
-    install_requires=["torch"],
+    # No install_requires: the library is built against the torch this Python already has (the
+    # build imports it), and naming it would have pip re-check that torch's own pins (Debian's
+    # python3-torch 2.6 pins a sympy its distribution does not ship).
     cmdclass={"build_py": BuildWithLibraries},
     distclass=BinaryDistribution,
     options={"build": {"build_base": BUILD_BASE}, "egg_info": {"egg_base": BUILD_BASE}},

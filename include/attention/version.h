@@ -20,7 +20,7 @@
 /// Major version: changes when the API changes incompatibly (while 0, the minor version does).
 #define ATTENTION_VERSION_MAJOR 0
 /// Minor version: changes when the API grows.
-#define ATTENTION_VERSION_MINOR 1
+#define ATTENTION_VERSION_MINOR 2
 /// Patch version: changes with fixes alone.
 #define ATTENTION_VERSION_PATCH 0
 
