@@ -48,11 +48,7 @@ Runs on PyTorch 1.13 (Debian 12's /usr/bin/python3) and 2.x, with torch alone.
 """
 
 import argparse
-import json
-import os
-import statistics
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -62,7 +58,8 @@ ZOO = Path(__file__).resolve().parent.parent / "examples" / "zoo"
 sys.path.insert(0, str(ZOO))
 import book_zoo  # noqa: E402
 
-ALLOCATOR = "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "glibc"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_python import median_ms, record  # noqa: E402  the records of scripts/bench_python.py
 
 # name: the stand-in's Attention arguments, the rotary base, the sliding window (None: causal)
 LAYERS = {
@@ -72,24 +69,6 @@ LAYERS = {
                        scale=("queries", 256 ** -0.5)), 10_000.0, 512),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def median_ms(fn, repeats, warm_up=True):
-    if warm_up:
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def record(group, impl, pass_, t, ms, gflop, peak_mb=-1.0):
-    print(json.dumps({"lang": "python", "group": group, "impl": impl, "pass": pass_, "T": t,
-                      "ms": round(ms, 4), "gflops": round(gflop * 1e3 / ms, 2) if gflop else 0.0,
-                      "peak_mb": round(peak_mb, 1), "threads": torch.get_num_threads(),
-                      "allocator": ALLOCATOR, "torch": torch.__version__}), flush=True)
 
 
 def progress(what):

@@ -1,4 +1,6 @@
-// Eight threads calling forward on one module in eval mode get exactly the single-threaded result.
+// What may run at once (docs/THREADS.md): threads sharing one module get exactly the
+// single-threaded result, each with a cache or state of its own; the layers of one paged step on
+// threads of their own; saves to one path at once.
 
 #include <attention/attention.h>
 
@@ -6,7 +8,11 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
+#include <string>
 #include <thread>
 
 namespace {
@@ -214,4 +220,45 @@ TEST_CASE("concurrency: modules with a state per sequence share their weights", 
     CHECK(torch::equal(latent[t], mla_out));
     CHECK(torch::equal(recurrent[t], net_out));
   }
+}
+
+TEST_CASE("concurrency: saves to one path at once each leave a whole file",
+          "[concurrency][weights]") {
+  // Each save writes a file of its own and renames it over the path: whichever comes last, the
+  // path holds one module's whole file, and no save fails for another's temporary file.
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("attention-concurrent-save-" + std::to_string(::getpid()) + ".pt"))
+                        .string();
+  constexpr int kThreads = 4;
+  std::vector<attention::MultiHeadAttention> modules;
+  for (int t = 0; t < kThreads; ++t) {
+    torch::manual_seed(t);
+    modules.emplace_back(attention::MultiHeadAttentionOptions(16, 16, 2));
+  }
+  std::atomic<int> failures{0};
+  run_together(kThreads, [&](int t) {
+    for (int i = 0; i < 25; ++i) {
+      try {
+        attention::save_weights(*modules[t], path);
+      } catch (const c10::Error&) {
+        ++failures;
+      }
+    }
+  });
+  CHECK(failures == 0);
+  attention::MultiHeadAttention loaded(attention::MultiHeadAttentionOptions(16, 16, 2));
+  attention::load_weights(*loaded, path);
+  bool one_of_them = false;
+  for (const auto& m : modules) {
+    one_of_them = one_of_them || torch::equal(m->W_query->weight, loaded->W_query->weight);
+  }
+  CHECK(one_of_them);
+  // No temporary file is left beside it.
+  int left = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
+    left += entry.path().string().rfind(path + ".partial", 0) == 0;
+  }
+  CHECK(left == 0);
+  std::filesystem::remove(path);
 }

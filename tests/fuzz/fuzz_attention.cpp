@@ -16,6 +16,8 @@
 #include <attention/operators.h>
 #include <attention/paged_attention.h>
 
+#include "operators/kernels.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -148,12 +150,7 @@ torch::Tensor attention_operator(const torch::Tensor& q, const torch::Tensor& k,
     attention::register_operators();
     return c10::Dispatcher::singleton()
         .findSchemaOrThrow("attention::scaled_dot_product_attention", "")
-        .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                             const c10::optional<torch::Tensor>&, bool, c10::string_view,
-                             c10::optional<int64_t>, c10::optional<int64_t>,
-                             const c10::optional<torch::Tensor>&, c10::optional<double>,
-                             const c10::optional<torch::Tensor>&, c10::optional<double>, double,
-                             c10::string_view, int64_t)>();
+        .typed<decltype(attention::operators::attention_cpu)>();
   }();
   return op.call(q, k, v, mask, causal, "bottom_right", c10::nullopt, c10::nullopt, c10::nullopt,
                  c10::nullopt, c10::nullopt, c10::nullopt, 0.0, "auto", 256);
