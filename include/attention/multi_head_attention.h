@@ -356,8 +356,10 @@ class ATTENTION_API MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHe
   torch::nn::Linear W_value{nullptr};
   /// Output projection, num_heads * head_dim -> d_out (empty with `output_projection(false)`).
   torch::nn::Linear out_proj{nullptr};
-  /// The queries' and the keys' norms (with `qk_norm`; empty otherwise).
-  Norm q_norm{nullptr}, k_norm{nullptr};
+  /// The queries' norm (with `qk_norm`; empty otherwise).
+  Norm q_norm{nullptr};
+  /// The keys' norm (with `qk_norm`; empty otherwise).
+  Norm k_norm{nullptr};
   /// The values' norm (with `value_norm`; empty otherwise).
   Norm v_norm{nullptr};
   /// The attention sinks' logits (num_heads,), with `sinks(true)`; undefined otherwise.
