@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # 64-bit ARM: cross-compiles the library and its tests for aarch64 with Debian's cross compiler
-# against Debian's arm64 LibTorch, and runs CTest under the emulator (qemu-aarch64-static; this
+# against Debian's arm64 LibTorch, and runs them under the emulator (qemu-aarch64-static; this
 # machine kind has no binfmt_misc, so CMake's CMAKE_CROSSCOMPILING_EMULATOR calls it by name).
-# Not yet a CI leg: docs/DEVELOPMENT.md says what it finds.
 #
-#   scripts/aarch64.sh [CTEST ARGUMENTS...]     e.g. -R "test_contract|test_chunked"
+#   scripts/aarch64.sh [ARGS...]         the CI leg: the test program alone, and the tests of the
+#                                        fused kernels, the paged kernel and the contract on every
+#                                        vector route (the emulator's best, NEON, the portable loops);
+#                                        CTest ARGS in place of that choice of tests
+#   scripts/aarch64.sh --full [ARGS...]  everything, and CTest with ARGS (e.g. -R test_varlen)
 #
-# The sysroot (Debian's arm64 packages of libtorch-dev and what it needs, extracted; ~940 MB) is
-# made once in a cache folder outside the checkout, as scripts/debian13.sh keeps its root:
+# The emulated processor is qemu's `max` (NEON, SVE and SVE2 with 512-bit vectors, BF16, I8MM).
+# The sysroot (Debian's arm64 packages of libtorch-dev and what the build needs, extracted;
+# ~940 MB) is made once in a cache folder outside the checkout, as scripts/debian13.sh keeps its
+# root, and made again when the list of packages below changes:
 #   ATTENTION_AARCH64_SYSROOT=DIR   (default /var/cache/attention-cpp/aarch64/sysroot)
 set -euo pipefail
 # shellcheck source=common.sh
@@ -22,7 +27,10 @@ if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64-st
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq g++-aarch64-linux-gnu \
     qemu-user-static >/dev/null
 fi
-if [[ ! -d $sysroot/usr/lib/aarch64-linux-gnu/cmake/Torch ]]; then
+# What the build needs, as arm64 packages (or architecture-independent ones).
+wanted="libtorch-dev:arm64 libfmt-dev:arm64 zlib1g-dev:arm64 libhwy-dev:arm64 catch2:arm64 \
+nlohmann-json3-dev libudev1:arm64"
+if [[ $(cat "$sysroot/.packages" 2>/dev/null) != "$wanted" ]]; then
   if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     "${sudo[@]}" dpkg --add-architecture arm64
   fi
@@ -30,11 +38,10 @@ if [[ ! -d $sysroot/usr/lib/aarch64-linux-gnu/cmake/Torch ]]; then
   debs=$(dirname "$sysroot")/debs
   "${sudo[@]}" rm -rf "$sysroot" "$debs"
   "${sudo[@]}" mkdir -p "$sysroot" "$debs"
-  # The closure of the packages the build needs, as arm64 packages (or architecture-independent
-  # ones), less the tools a sysroot does not run (Python, Perl, dpkg and the like).
+  # Their closure, less the tools a sysroot does not run (Python, Perl, dpkg and the like).
+  # shellcheck disable=SC2086  # one package a word
   names=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
-    --no-replaces --no-enhances libtorch-dev:arm64 libfmt-dev:arm64 zlib1g-dev:arm64 \
-    catch2:arm64 nlohmann-json3-dev libudev1:arm64 2>/dev/null | grep -v '^ ' |
+    --no-replaces --no-enhances $wanted 2>/dev/null | grep -v '^ ' |
     sed 's/[<>]//g; s/:arm64$//' | sort -u |
     grep -v -E '^(python3|libpython|perl|libperl|dpkg|debconf|cdebconf|adduser|fonts-|fontconfig|sensible-utils|ucf|install-info|init-system|sysvinit|lsb-base|tzdata|netbase|dbus|systemd|util-linux|mount|login|passwd|libpam)')
   # shellcheck disable=SC2086,SC2046  # one name per word
@@ -53,15 +60,30 @@ if [[ ! -d $sysroot/usr/lib/aarch64-linux-gnu/cmake/Torch ]]; then
   lib=$sysroot/usr/lib/aarch64-linux-gnu
   "${sudo[@]}" ln -sf openblas-pthread/libblas.so.3 "$lib/libblas.so.3"
   "${sudo[@]}" ln -sf openblas-pthread/liblapack.so.3 "$lib/liblapack.so.3"
+  echo "$wanted" | "${sudo[@]}" tee "$sysroot/.packages" >/dev/null
 fi
 
+full=false
+if [[ ${1:-} == --full ]]; then
+  full=true
+  shift
+fi
 start=$SECONDS
 ATTENTION_AARCH64_SYSROOT=$sysroot cmake -S "$ROOT" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE="$ROOT/cmake/aarch64-linux-gnu.cmake" -DATTENTION_BUILD_TESTS=ON \
   -DATTENTION_BUILD_TOOLS=OFF -DATTENTION_DISTRIBUTED=OFF -DATTENTION_BUILD_OPERATORS=OFF >/dev/null
-cmake --build "$build" -j "$JOBS"
+if $full; then
+  cmake --build "$build" -j "$JOBS"
+else
+  cmake --build "$build" -j "$JOBS" --target attention-tests
+fi
 echo "aarch64.sh: the cross build took $((SECONDS - start)) s"
 export QEMU_LD_PREFIX=$sysroot
 export LD_LIBRARY_PATH=$sysroot/usr/lib/aarch64-linux-gnu/openblas-pthread:$sysroot/usr/lib/aarch64-linux-gnu
+if ! $full && (($# == 0)); then
+  # The kernels' own tests and the contract's (every option at its extremes, NaN and infinite
+  # values) on the emulator's best route, then on NEON's and the portable loops.
+  set -- -R '^(test_contract|test_chunked|test_cpu_softmax|test_cpu_decode_products|test_paged_attention|chunked\.(neon|portable)_softmax)$'
+fi
 (cd "$build" && ctest --output-on-failure -j "$JOBS" "$@")
 echo "aarch64.sh: took $((SECONDS - start)) s"

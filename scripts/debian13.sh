@@ -8,7 +8,7 @@
 export PATH="$PATH:/usr/sbin:/sbin"
 DEBIAN13_ROOT=${ATTENTION_DEBIAN13_ROOT:-/var/cache/attention-cpp/trixie}
 DEBIAN13_BUILD=/var/tmp/attention-build  # inside the root
-debian13_packages=g++,cmake,make,libtorch-dev,python3-torch,python3-numpy,catch2,libfmt-dev,nlohmann-json3-dev,zlib1g-dev,libgloo-dev,libopenblas0-openmp,libxsmm-dev
+debian13_packages=g++,cmake,make,libtorch-dev,python3-torch,python3-numpy,catch2,libfmt-dev,nlohmann-json3-dev,zlib1g-dev,libhwy-dev,libgloo-dev,libopenblas0-openmp,libxsmm-dev
 debian13_sudo=()
 if ((EUID != 0)); then debian13_sudo=(sudo); fi
 debian13_mounts=()
@@ -29,10 +29,12 @@ debian13_run() {
 # Makes the root if it is missing, takes its lock (a second run would stack its mounts on the
 # first's), mounts /proc (without it LibTorch's CPU detection falls back to "NO AVX"), the
 # machine's /etc/hosts and the checkout at /src, unmounted again on every way out, and installs
-# any of the named extra packages the root lacks.
+# any of the build's packages (which grow with the project) or the named extra ones the root lacks.
 # shellcheck disable=SC2120  # the packages are optional
 debian13_enter() {
   local dir=$DEBIAN13_ROOT
+  # shellcheck disable=SC2086  # one package a word
+  set -- ${debian13_packages//,/ } "$@"
   if [[ ! -x $dir/usr/bin/g++ ]]; then
     if ! command -v debootstrap >/dev/null; then
       "${debian13_sudo[@]}" apt-get update -qq
@@ -53,18 +55,16 @@ debian13_enter() {
   "${debian13_sudo[@]}" mount --bind "$ROOT" "$dir/src" && debian13_mounts+=("$dir/src")
   # The machine's own names (its hostname among them), which c10d's stores and Gloo resolve.
   "${debian13_sudo[@]}" mount --bind /etc/hosts "$dir/etc/hosts" && debian13_mounts+=("$dir/etc/hosts")
-  if (($#)); then
-    # The names are expanded inside the root: they are passed as arguments, not code.
-    # shellcheck disable=SC2016
-    "${debian13_sudo[@]}" chroot "$dir" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-      /bin/bash -euo pipefail -c '
-        missing=()
-        for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-        if ((${#missing[@]})); then
-          apt-get update -qq
-          DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-        fi' debian13 "$@"
-  fi
+  # The names are expanded inside the root: they are passed as arguments, not code.
+  # shellcheck disable=SC2016
+  "${debian13_sudo[@]}" chroot "$dir" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    /bin/bash -euo pipefail -c '
+      missing=()
+      for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+      if ((${#missing[@]})); then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+      fi' debian13 "$@"
 }
 
 # Configures and builds the checkout in the root's build folder.

@@ -7,6 +7,8 @@ packages=(
   cmake g++ make ccache
   libtorch-dev python3-torch python3-numpy
   catch2 libfmt-dev nlohmann-json3-dev zlib1g-dev
+  # One source for the vector kernels, per instruction set (Google Highway).
+  libhwy-dev
   # attention::distributed: the Gloo headers and library that LibTorch's c10d was built with.
   libgloo-dev
   # Without OpenBLAS Debian's libtorch falls back to the reference BLAS, ~24x slower.

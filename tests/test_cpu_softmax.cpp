@@ -1,13 +1,13 @@
-// The fused kernels' exponential passes of each instruction set this processor runs (AVX-512F,
-// AVX2 with FMA: kernels/cpu/softmax.h) against references in double written here: the
-// backward's probabilities as a test of the exp itself (within 1.05 ulp of std::exp over its whole
-// range, exactly 1 at 0, 0 below -87 and at -inf, NaN for NaN, hidden keys 0 in a row whose
-// log-sum-exp is NaN), and the forward's online-softmax step over two tiles (ragged rows, causal
-// rows that see none, some or all of their columns, NaN and +inf scores, fully masked rows with and
-// without a NaN, the running maximum, sum and rescaled accumulator, and the padding past the tile
-// left alone). The kernels' differential tests against Math run on the passes softmax_passes()
-// takes; ctest's chunked.avx2_softmax runs them on AVX2's and chunked.portable_softmax on the
-// portable loops.
+// The fused kernels' exponential passes of each route this processor runs (AVX-512F and AVX2 with
+// FMA on x86-64, SVE2, SVE and NEON on aarch64: kernels/cpu/softmax.h) against references in double
+// written here: the backward's probabilities as a test of the exp itself (within 1.05 ulp of
+// std::exp over its whole range, exactly 1 at 0, 0 below -87 and at -inf, NaN for NaN, hidden keys
+// 0 in a row whose log-sum-exp is NaN), and the forward's online-softmax step over two tiles
+// (ragged rows, causal rows that see none, some or all of their columns, NaN and +inf scores, fully
+// masked rows with and without a NaN, the running maximum, sum and rescaled accumulator, and the
+// padding past the tile left alone). The kernels' differential tests against Math run on the passes
+// softmax_passes() takes; ctest's chunked.avx2_softmax runs them on AVX2's and
+// chunked.portable_softmax on the portable loops.
 
 #include "kernels/cpu/soft_cap.h"
 #include "kernels/cpu/softmax.h"
@@ -23,6 +23,10 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 namespace cpu = attention::kernels::cpu;
 
@@ -48,11 +52,8 @@ std::vector<float> random_scores(int64_t count, double spread, uint64_t seed) {
 
 // The passes of every instruction set this processor runs, whichever the kernels took.
 std::vector<const cpu::SoftmaxPasses*> runnable_passes() {
-  std::vector<const cpu::SoftmaxPasses*> sets;
-  for (const cpu::SoftmaxPasses* p : {cpu::avx512_softmax_passes(), cpu::avx2_softmax_passes()}) {
-    if (p != nullptr) sets.push_back(p);
-  }
-  if (sets.empty()) WARN("skipped: this processor has neither AVX-512F nor AVX2 with FMA");
+  std::vector<const cpu::SoftmaxPasses*> sets = cpu::supported_softmax_passes();
+  if (sets.empty()) WARN("skipped: this processor runs none of the vector routes");
   return sets;
 }
 
@@ -222,17 +223,32 @@ TEST_CASE("cpu softmax: the online-softmax step equals the step in double", "[ch
 TEST_CASE("cpu softmax: the route follows the processor and ATTENTION_CPU_VECTOR", "[chunked]") {
   const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
   const std::string asked = forced != nullptr ? forced : "";
-  CHECK((cpu::avx512_softmax_passes() != nullptr) ==
-        (ATTENTION_HAS_SIMD_SOFTMAX && cpu::processor_has_avx512f()));
-  CHECK((cpu::avx2_softmax_passes() != nullptr) ==
-        (ATTENTION_HAS_SIMD_SOFTMAX && cpu::processor_has_avx2_fma()));
-  const cpu::SoftmaxPasses* expected = cpu::avx512_softmax_passes();
-  if (expected == nullptr || asked == "avx2") expected = cpu::avx2_softmax_passes();
+  const std::vector<const cpu::SoftmaxPasses*> supported = cpu::supported_softmax_passes();
+  std::vector<std::string> names;
+  for (const cpu::SoftmaxPasses* p : supported) names.emplace_back(p->name);
+    // The routes the processor runs, by what it says of itself.
+#if defined(__x86_64__)
+  std::vector<std::string> expected_names;
+  if (cpu::processor_has_avx512f()) expected_names.emplace_back("avx512");
+  if (cpu::processor_has_avx2_fma()) expected_names.emplace_back("avx2");
+  CHECK(names == expected_names);
+#elif defined(__aarch64__)
+  // Linux's hardware capabilities (asm/hwcap.h: HWCAP_SVE, HWCAP2_SVE2).
+  std::vector<std::string> expected_names;
+  if ((getauxval(AT_HWCAP2) & (1ul << 1)) != 0) expected_names.emplace_back("sve2");
+  if ((getauxval(AT_HWCAP) & (1ul << 22)) != 0) expected_names.emplace_back("sve");
+  expected_names.emplace_back("neon");  // every aarch64 processor has NEON
+  CHECK(names == expected_names);
+#endif
+  const cpu::SoftmaxPasses* expected = supported.empty() ? nullptr : supported.front();
+  for (const cpu::SoftmaxPasses* p : supported) {
+    if (asked == p->name) expected = p;
+    CHECK(cpu::softmax_passes_named(p->name) == p);
+  }
   if (asked == "portable") expected = nullptr;
   CHECK(cpu::softmax_passes() == expected);
-  if (const cpu::SoftmaxPasses* taken = cpu::softmax_passes()) {
-    CHECK(std::string(taken->name) == (taken == cpu::avx512_softmax_passes() ? "avx512" : "avx2"));
-  }
+  CHECK(cpu::softmax_passes_named("portable") == nullptr);
+  CHECK(cpu::softmax_passes_named("") == nullptr);
 }
 
 TEST_CASE("cpu soft-capping: tanh within 3 ulp of tanh in double, with its edges and slopes",

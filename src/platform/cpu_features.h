@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -49,22 +50,33 @@ inline bool processor_has_avx2_fma() {
 #endif
 }
 
-/// Whether ATTENTION_CPU_VECTOR asks for `route` ("avx2" or "portable"): the switch every
-/// run-time choice of vector code reads.
+/// Whether ATTENTION_CPU_VECTOR asks for `route` ("portable", or a route's name: "avx512",
+/// "avx2", "sve2", "sve", "neon"): the switch every run-time choice of vector code reads.
 inline bool vector_route_asked(const char* route) {
   const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
   return forced != nullptr && std::strcmp(forced, route) == 0;
 }
 
-/// The set of a kernel's vector code a process takes, given the AVX-512F and the AVX2 sets (each
-/// nullptr where the processor does not run it): AVX-512F's, else AVX2's, else nullptr (the
-/// compiler-vectorized loops). ATTENTION_CPU_VECTOR=portable asks for the loops,
-/// ATTENTION_CPU_VECTOR=avx2 for AVX2's set on an AVX-512 processor too (to compare the routes
-/// on one machine).
+/// The set of a kernel's vector code a process takes, of the sets this processor runs (each with a
+/// `name`), best first: the one ATTENTION_CPU_VECTOR names if it is there, nullptr (the
+/// compiler-vectorized loops) where it asks for "portable" or where there is none, else the best.
+template <class Set>
+const Set* chosen_vector_set(const std::vector<const Set*>& supported) {
+  if (vector_route_asked("portable")) return nullptr;
+  for (const Set* set : supported) {
+    if (vector_route_asked(set->name)) return set;
+  }
+  return supported.empty() ? nullptr : supported.front();
+}
+
+/// The same of an AVX-512F set and an AVX2 set, each nullptr where the processor does not run it.
 template <class Set>
 const Set* chosen_vector_set(const Set* avx512, const Set* avx2) {
-  if (vector_route_asked("portable")) return nullptr;
-  return !vector_route_asked("avx2") && avx512 != nullptr ? avx512 : avx2;
+  std::vector<const Set*> supported;
+  for (const Set* set : {avx512, avx2}) {
+    if (set != nullptr) supported.push_back(set);
+  }
+  return chosen_vector_set(supported);
 }
 
 }  // namespace cpu

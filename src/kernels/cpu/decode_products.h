@@ -14,6 +14,12 @@
 
 #include <cstdint>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ATTENTION_HAS_X86_DECODE_PRODUCTS 1
+#else
+#define ATTENTION_HAS_X86_DECODE_PRODUCTS 0
+#endif
+
 namespace attention {
 namespace kernels {
 namespace cpu {

@@ -2,13 +2,12 @@
 // group, 8 lanes per register, up to 64 features of a row's output held in 8 registers (of 16).
 
 #include "kernels/cpu/decode_products.h"
-#include "kernels/cpu/softmax.h"
 #include "platform/compiler.h"
 #include "platform/cpu_features.h"
 
 #include <algorithm>
 
-#if ATTENTION_HAS_SIMD_SOFTMAX
+#if ATTENTION_HAS_X86_DECODE_PRODUCTS
 #include <immintrin.h>
 #endif
 
@@ -16,7 +15,7 @@ namespace attention {
 namespace kernels {
 namespace cpu {
 
-#if ATTENTION_HAS_SIMD_SOFTMAX
+#if ATTENTION_HAS_X86_DECODE_PRODUCTS
 
 namespace {
 

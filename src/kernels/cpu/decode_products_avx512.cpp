@@ -3,14 +3,13 @@
 // four keys and up to four query rows at a time, each code widened once for the rows.
 
 #include "kernels/cpu/decode_products.h"
-#include "kernels/cpu/softmax.h"
 #include "platform/compiler.h"
 #include "platform/cpu_features.h"
 
 #include <algorithm>
 #include <type_traits>
 
-#if ATTENTION_HAS_SIMD_SOFTMAX
+#if ATTENTION_HAS_X86_DECODE_PRODUCTS
 #include <immintrin.h>
 #endif
 
@@ -24,7 +23,7 @@ namespace attention {
 namespace kernels {
 namespace cpu {
 
-#if ATTENTION_HAS_SIMD_SOFTMAX
+#if ATTENTION_HAS_X86_DECODE_PRODUCTS
 
 namespace {
 

@@ -1,22 +1,16 @@
 #pragma once
 
-// The fused CPU kernels' exponential passes written with a vector instruction set's intrinsics:
-// the forward's online-softmax step and the backward's probabilities, for float (and so for
-// bfloat16, which the kernels widen to float). The portable loops beside the kernels
-// (kernels/cpu/forward.cpp, kernels/cpu/backward.cpp) vectorize through the compiler, which
-// computes their exp with every operation under a mask, sums a row's lanes one after the other, and
-// keeps one accumulator in the row's maximum; these passes take about half as many operations per
-// score. One set per instruction set (AVX-512F: kernels/cpu/softmax_avx512.cpp; AVX2 with FMA:
-// kernels/cpu/softmax_avx2.cpp) over the same row loops (kernels/cpu/softmax_rows.h), chosen at run
-// time.
+// The fused CPU kernels' exponential passes in vector code: the forward's online-softmax step and
+// the backward's probabilities, for float (and so for bfloat16, which the kernels widen to float).
+// The portable loops beside the kernels (kernels/cpu/forward.cpp, kernels/cpu/backward.cpp)
+// vectorize through the compiler, which computes their exp with every operation under a mask,
+// sums a row's lanes one after the other, and keeps one accumulator in the row's maximum; these
+// passes take about half as many operations per score. One source (kernels/cpu/softmax.cpp,
+// through Google Highway) over the row loops of kernels/cpu/softmax_rows.h, compiled for AVX-512F
+// and AVX2 with FMA on x86-64 and for NEON, SVE and SVE2 on aarch64, chosen at run time.
 
 #include <cstdint>
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ATTENTION_HAS_SIMD_SOFTMAX 1
-#else
-#define ATTENTION_HAS_SIMD_SOFTMAX 0
-#endif
+#include <vector>
 
 namespace attention {
 namespace kernels {
@@ -24,7 +18,8 @@ namespace cpu {
 
 /// One instruction set's two passes.
 struct SoftmaxPasses {
-  /// "avx512" or "avx2".
+  /// The route's name, as ATTENTION_CPU_VECTOR names it: "avx512", "avx2", "sve2", "sve" or
+  /// "neon".
   const char* name;
 
   /// The forward's online-softmax step of one tile (the contract of kernels/cpu/forward.cpp's
@@ -44,16 +39,19 @@ struct SoftmaxPasses {
                         int64_t valid, const float* lse);
 };
 
-/// The passes the kernels take in this process, decided once: AVX-512's where the processor has
-/// AVX-512F, else AVX2's where it has AVX2 and FMA; nullptr (the compiler-vectorized loops, the
-/// route of every other processor) elsewhere. ATTENTION_CPU_VECTOR=portable keeps the loops,
-/// ATTENTION_CPU_VECTOR=avx2 takes AVX2's passes on an AVX-512 processor too.
+/// The passes the kernels take in this process, decided once: the best route this processor runs
+/// (the first of supported_softmax_passes()); nullptr (the compiler-vectorized loops) where it
+/// runs none. ATTENTION_CPU_VECTOR=portable keeps the loops; ATTENTION_CPU_VECTOR=NAME takes the
+/// route of that name where the processor runs it (avx2 on an AVX-512 processor, neon on an SVE
+/// one), to compare the routes on one machine.
 const SoftmaxPasses* softmax_passes();
 
-/// Each instruction set's passes where this processor runs them, else nullptr, whatever
+/// Every route compiled into the library that this processor runs, best first, whatever
 /// softmax_passes() took (for tests and benchmarks).
-const SoftmaxPasses* avx512_softmax_passes();
-const SoftmaxPasses* avx2_softmax_passes();
+std::vector<const SoftmaxPasses*> supported_softmax_passes();
+
+/// The route named `name` where this processor runs it, else nullptr.
+const SoftmaxPasses* softmax_passes_named(const char* name);
 
 }  // namespace cpu
 }  // namespace kernels
