@@ -1,11 +1,12 @@
 // The paged forward's products of each instruction set this processor runs (AVX-512F, AVX2 with
-// FMA: kernels/cpu/decode_products.h) against sums in double written here: scores of 1 to 33 rows
-// against 1 to 40 keys that lie apart (groups of keys full and short), and the weighted values
-// added to a running output, over feature counts that fill 1 to 17 vectors, float, bfloat16 and
-// 8-bit codes with a scale per row; a value that a row gives no weight never reaches the row, NaN
-// included (for 8-bit rows: a NaN or infinite scale). The paged goldens and
-// differential tests run on the set decode_products() takes; ctest's chunked.avx2_softmax and
-// chunked.portable_softmax run them on AVX2's and on the portable loops.
+// FMA, and the 128-bit set: SSE4 on x86-64, NEON on aarch64: kernels/cpu/decode_products.h) against
+// sums in double written here: scores of 1 to 33 rows against 1 to 40 keys that lie apart (groups
+// of keys full and short), and the weighted values added to a running output, over feature counts
+// that fill 1 to 17 vectors, float, bfloat16 and 8-bit codes with a scale per row; a value that a
+// row gives no weight never reaches the row, NaN included (for 8-bit rows: a NaN or infinite
+// scale). The paged goldens and differential tests run on the set decode_products() takes; ctest's
+// chunked.avx2_softmax, paged.sse4_products and chunked.portable_softmax run them on AVX2's, SSE4's
+// and on the portable loops (chunked.neon_softmax on NEON's on aarch64).
 
 #include "kernels/cpu/decode_products.h"
 
@@ -14,8 +15,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace cpu = attention::kernels::cpu;
@@ -23,13 +26,17 @@ namespace cpu = attention::kernels::cpu;
 namespace {
 
 std::vector<const cpu::DecodeProducts*> runnable_products() {
-  std::vector<const cpu::DecodeProducts*> sets;
-  for (const cpu::DecodeProducts* p :
-       {cpu::avx512_decode_products(), cpu::avx2_decode_products()}) {
-    if (p != nullptr) sets.push_back(p);
-  }
-  if (sets.empty()) WARN("skipped: this processor has neither AVX-512F nor AVX2 with FMA");
+  std::vector<const cpu::DecodeProducts*> sets = cpu::supported_decode_products();
+  if (sets.empty()) WARN("skipped: this processor runs none of the vector routes");
   return sets;
+}
+
+// Feature counts of the given numbers of a set's vectors.
+std::vector<int64_t> feature_counts(const cpu::DecodeProducts* set,
+                                    std::initializer_list<int64_t> vectors) {
+  std::vector<int64_t> counts;
+  for (const int64_t v : vectors) counts.push_back(v * set->lanes);
+  return counts;
 }
 
 float widened(uint16_t bits) {
@@ -117,7 +124,7 @@ bool adds_weighted_values(const std::vector<float>& p, int64_t ld, int64_t rows,
 TEST_CASE("cpu decode products: scores equal sums in double", "[paged]") {
   for (const cpu::DecodeProducts* set : runnable_products()) {
     for (const bool bf16 : {false, true}) {
-      for (const int64_t d : {int64_t{16}, int64_t{48}, int64_t{128}, int64_t{272}}) {
+      for (const int64_t d : feature_counts(set, {1, 3, 7, 8, 17})) {
         for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{33}}) {
           for (const int64_t cols :
                {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{17}, int64_t{40}}) {
@@ -160,7 +167,7 @@ TEST_CASE("cpu decode products: weighted values add to the output, zero weights 
           "[paged]") {
   for (const cpu::DecodeProducts* set : runnable_products()) {
     for (const bool bf16 : {false, true}) {
-      for (const int64_t dv : {int64_t{16}, int64_t{48}, int64_t{128}, int64_t{272}}) {
+      for (const int64_t dv : feature_counts(set, {1, 3, 7, 8, 17})) {
         for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{33}}) {
           for (const int64_t cols : {int64_t{1}, int64_t{7}, int64_t{17}, int64_t{40}}) {
             INFO(set->name << (bf16 ? " bfloat16" : " float") << " dv=" << dv << " rows=" << rows
@@ -218,7 +225,7 @@ struct CodeRows {
 TEST_CASE("cpu decode products: 8-bit scores equal sums in double, times each key's scale",
           "[paged]") {
   for (const cpu::DecodeProducts* set : runnable_products()) {
-    for (const int64_t d : {int64_t{16}, int64_t{48}, int64_t{128}, int64_t{272}}) {
+    for (const int64_t d : feature_counts(set, {1, 3, 7, 8, 17})) {
       for (const int64_t rows :
            {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{33}}) {
         for (const int64_t cols : {int64_t{1}, int64_t{3}, int64_t{7}, int64_t{17}, int64_t{70}}) {
@@ -257,14 +264,13 @@ TEST_CASE("cpu decode products: 8-bit scores equal sums in double, times each ke
   }
 }
 
-// dv from one vector to 17 (the products' blocks of 16 to 64 features and their remainders).
+// dv from one vector to 17 (the products' blocks of one to eight vectors and their remainders).
 TEST_CASE(
     "cpu decode products: 8-bit weighted values add to the output, zero weights read "
     "nothing",
     "[paged]") {
   for (const cpu::DecodeProducts* set : runnable_products()) {
-    for (const int64_t dv :
-         {int64_t{16}, int64_t{32}, int64_t{48}, int64_t{64}, int64_t{80}, int64_t{272}}) {
+    for (const int64_t dv : feature_counts(set, {1, 2, 3, 4, 5, 7, 8, 17})) {
       for (const int64_t rows :
            {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{33}}) {
         for (const int64_t cols : {int64_t{1}, int64_t{7}, int64_t{17}, int64_t{70}}) {
@@ -289,4 +295,31 @@ TEST_CASE(
       }
     }
   }
+}
+
+TEST_CASE("cpu decode products: the set follows the processor and ATTENTION_CPU_VECTOR",
+          "[paged]") {
+  const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
+  const std::string asked = forced != nullptr ? forced : "";
+  const std::vector<const cpu::DecodeProducts*> supported = cpu::supported_decode_products();
+  std::vector<std::string> names;
+  for (const cpu::DecodeProducts* set : supported) names.emplace_back(set->name);
+#if defined(__x86_64__)
+  std::vector<std::string> expected_names;
+  if (__builtin_cpu_supports("avx512f")) expected_names.emplace_back("avx512");
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    expected_names.emplace_back("avx2");
+  }
+  if (__builtin_cpu_supports("sse4.2")) expected_names.emplace_back("sse4");
+  CHECK(names == expected_names);
+#elif defined(__aarch64__)
+  CHECK(names == std::vector<std::string>{"neon"});
+#endif
+  const cpu::DecodeProducts* expected = supported.empty() ? nullptr : supported.front();
+  for (const cpu::DecodeProducts* set : supported) {
+    if (asked == set->name) expected = set;
+    CHECK(set->lanes > 0);
+  }
+  if (asked == "portable") expected = nullptr;
+  CHECK(cpu::decode_products() == expected);
 }

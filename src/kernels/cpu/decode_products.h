@@ -9,10 +9,13 @@
 // tree of shuffles; the weighted values keep a row's output in registers while its keys go by.
 // bfloat16 keys and values are widened on load (a bfloat16 is a float's upper half), 8-bit ones
 // converted on load and their row's scale applied once per score and once per weight. One set per
-// instruction set (kernels/cpu/decode_products_avx512.cpp, kernels/cpu/decode_products_avx2.cpp),
-// chosen at run time as the exponential passes are (kernels/cpu/softmax.h).
+// instruction set (kernels/cpu/decode_products_avx512.cpp, kernels/cpu/decode_products_avx2.cpp,
+// and kernels/cpu/decode_products_128.cpp through Google Highway: NEON on aarch64, SSE4 on x86-64
+// processors without AVX2), chosen at run time as the exponential passes are
+// (kernels/cpu/softmax.h).
 
 #include <cstdint>
+#include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ATTENTION_HAS_X86_DECODE_PRODUCTS 1
@@ -26,7 +29,7 @@ namespace cpu {
 
 /// One instruction set's products. Feature counts (d, dv) must be multiples of `lanes`.
 struct DecodeProducts {
-  /// "avx512" or "avx2".
+  /// The route's name, as ATTENTION_CPU_VECTOR names it: "avx512", "avx2", "neon" or "sse4".
   const char* name;
   /// The vector width in floats: d and dv must be multiples of it.
   int64_t lanes;
@@ -57,15 +60,18 @@ struct DecodeProducts {
 };
 
 /// The products the paged forward takes in this process, decided once as softmax_passes() is:
-/// AVX-512F's, else AVX2's with FMA, else nullptr (the portable loops).
-/// ATTENTION_CPU_VECTOR=portable keeps the loops, ATTENTION_CPU_VECTOR=avx2 takes AVX2's on an
-/// AVX-512 processor too.
+/// the first of supported_decode_products(), nullptr (the portable loops) where there is none.
+/// ATTENTION_CPU_VECTOR=portable keeps the loops; ATTENTION_CPU_VECTOR=NAME takes the set of that
+/// name where the processor runs it (avx2 or sse4 on an AVX-512 processor).
 const DecodeProducts* decode_products();
 
-/// Each instruction set's products where this processor runs them, else nullptr (for tests and
-/// benchmarks).
+/// Every set this processor runs, best first (for tests and benchmarks).
+std::vector<const DecodeProducts*> supported_decode_products();
+
+/// Each set where this processor runs it, else nullptr.
 const DecodeProducts* avx512_decode_products();
 const DecodeProducts* avx2_decode_products();
+const DecodeProducts* vector128_decode_products();
 
 }  // namespace cpu
 }  // namespace kernels
