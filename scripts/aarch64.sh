@@ -81,9 +81,10 @@ echo "aarch64.sh: the cross build took $((SECONDS - start)) s"
 export QEMU_LD_PREFIX=$sysroot
 export LD_LIBRARY_PATH=$sysroot/usr/lib/aarch64-linux-gnu/openblas-pthread:$sysroot/usr/lib/aarch64-linux-gnu
 if ! $full && (($# == 0)); then
-  # The kernels' own tests and the contract's (every option at its extremes, NaN and infinite
-  # values) on the emulator's best route, then on NEON's and the portable loops.
-  set -- -R '^(test_contract|test_chunked|test_cpu_softmax|test_cpu_decode_products|test_paged_attention|chunked\.(neon|portable)_softmax)$'
+  # The kernels' own tests (the bfloat16 products' among them) and the contract's (every option
+  # at its extremes, NaN and infinite values) on the emulator's best route, then on NEON's and the
+  # portable loops.
+  set -- -R '^(test_contract|test_chunked|test_cpu_softmax|test_cpu_decode_products|test_bf16_route|test_paged_attention|chunked\.(neon|portable)_softmax)$'
 fi
 (cd "$build" && ctest --output-on-failure -j "$JOBS" "$@")
 echo "aarch64.sh: took $((SECONDS - start)) s"

@@ -1,11 +1,11 @@
-// bfloat16 attention on the processor's bfloat16 products (AVX512_BF16:
+// bfloat16 attention on the processor's bfloat16 products (AVX512_BF16, ARM's BF16 extension:
 // kernels/cpu/bf16_products.h), and where it has none on the widened route.
 //
 // The products against LibTorch's products in double of the same bfloat16 values:
 // 1 to 9 rows (blocks full and short), 1 to 100 columns (vectors full and partial), even and odd
 // contracted lengths, with and without adding to C, and B packed from either side. Nothing past a
 // row's n columns is written, nothing past its k values is read, NaN included; the rounding to
-// bfloat16 is LibTorch's. Skipped where the processor has no AVX512_BF16.
+// bfloat16 is LibTorch's. Skipped where the processor has no bfloat16 products.
 //
 // The fused forward in bfloat16 against float64's result on the same bfloat16 values, over the
 // shapes where the products' edges fall (feature counts odd and even, ragged blocks, the causal
@@ -31,8 +31,8 @@ using Options = F::ScaledDotProductAttentionOptions;
 namespace {
 
 const cpu::Bf16Products* products_or_warn() {
-  const cpu::Bf16Products* products = cpu::avx512_bf16_products();
-  if (products == nullptr) WARN("skipped: this processor has no AVX512_BF16");
+  const cpu::Bf16Products* products = cpu::processor_bf16_products();
+  if (products == nullptr) WARN("skipped: this processor has no bfloat16 products");
   return products;
 }
 

@@ -51,7 +51,7 @@ inline bool processor_has_avx2_fma() {
 }
 
 /// Whether ATTENTION_CPU_VECTOR asks for `route` ("portable", or a route's name: "avx512",
-/// "avx2", "sve2", "sve", "neon"): the switch every run-time choice of vector code reads.
+/// "avx2", "sse4", "sve2", "sve", "neon"): the switch every run-time choice of vector code reads.
 inline bool vector_route_asked(const char* route) {
   const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
   return forced != nullptr && std::strcmp(forced, route) == 0;
@@ -67,16 +67,6 @@ const Set* chosen_vector_set(const std::vector<const Set*>& supported) {
     if (vector_route_asked(set->name)) return set;
   }
   return supported.empty() ? nullptr : supported.front();
-}
-
-/// The same of an AVX-512F set and an AVX2 set, each nullptr where the processor does not run it.
-template <class Set>
-const Set* chosen_vector_set(const Set* avx512, const Set* avx2) {
-  std::vector<const Set*> supported;
-  for (const Set* set : {avx512, avx2}) {
-    if (set != nullptr) supported.push_back(set);
-  }
-  return chosen_vector_set(supported);
 }
 
 }  // namespace cpu

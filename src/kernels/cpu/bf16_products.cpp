@@ -18,13 +18,18 @@ bool widened_asked() {
   const char* bf16 = std::getenv("ATTENTION_CPU_BF16");
   if (bf16 != nullptr && std::strcmp(bf16, "widened") == 0) return true;
   // The narrower vector routes have no bfloat16 products either.
-  return vector_route_asked("portable") || vector_route_asked("avx2");
+  return vector_route_asked("portable") || vector_route_asked("avx2") || vector_route_asked("sse4");
 }
 
 }  // namespace
 
+const Bf16Products* processor_bf16_products() {
+  if (const Bf16Products* products = avx512_bf16_products()) return products;
+  return neon_bf16_products();
+}
+
 const Bf16Products* bf16_products() {
-  static const Bf16Products* const chosen = widened_asked() ? nullptr : avx512_bf16_products();
+  static const Bf16Products* const chosen = widened_asked() ? nullptr : processor_bf16_products();
   return chosen;
 }
 

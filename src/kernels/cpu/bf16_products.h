@@ -1,13 +1,14 @@
 #pragma once
 
-// Tile products on the processor's own bfloat16 dot products (AVX512_BF16's vdpbf16ps: in each
-// float lane, two bfloat16 products summed into a float accumulator, so twice the products of a
-// float multiply-add per instruction). The fused forward and backward take them for bfloat16 inputs
-// where the processor has them (kernels/cpu/forward.cpp, kernels/cpu/backward.cpp); elsewhere
-// bfloat16 is widened to float and runs the float kernels. The products accumulate in float: a
-// product of two bfloat16 values is exact in float, so the only roundings beyond float's own are of
-// the operands, the probabilities among them (rounded once to bfloat16 before they weight the
-// values, as PyTorch's CPU flash kernel and the GPU flash kernels do).
+// Tile products on the processor's own bfloat16 dot products (AVX512_BF16's vdpbf16ps, the ARM
+// BF16 extension's BFDOT: in each float lane, two bfloat16 products summed into a float
+// accumulator, so twice the products of a float multiply-add per instruction). The fused forward
+// and backward take them for bfloat16 inputs where the processor has them (kernels/cpu/forward.cpp,
+// kernels/cpu/backward.cpp); elsewhere bfloat16 is widened to float and runs the float kernels. The
+// products accumulate in float: a product of two bfloat16 values is exact in float, so the only
+// roundings beyond float's own are of the operands, the probabilities among them (rounded once to
+// bfloat16 before they weight the values, as PyTorch's CPU flash kernel and the GPU flash kernels
+// do).
 //
 // The instruction pairs two neighbours along the contracted dimension, so the right operand is
 // kept as pairs: a "pair row" p holds, for each column j, the 32-bit word of rows 2p and 2p + 1
@@ -23,7 +24,7 @@ namespace cpu {
 
 /// One instruction set's bfloat16 products. bfloat16 values are passed as their bits (uint16_t).
 struct Bf16Products {
-  /// "avx512_bf16".
+  /// "avx512_bf16" or "neon_bf16".
   const char* name;
 
   /// C (m x n floats, row stride ldc) = alpha * A B, plus C's old value when `accumulate`. A is
@@ -45,15 +46,20 @@ struct Bf16Products {
                           int64_t ld_out);
 };
 
-/// The products the fused kernels take for bfloat16 in this process, decided once: AVX512_BF16's
-/// where the processor has it, else nullptr (bfloat16 widened to float).
+/// The products the fused kernels take for bfloat16 in this process, decided once: those of the
+/// processor (processor_bf16_products()), else nullptr (bfloat16 widened to float).
 /// ATTENTION_CPU_BF16=widened keeps the widened route on such a processor too (to compare the
-/// routes, and to test both on one machine); ATTENTION_CPU_VECTOR=portable or avx2 does as well.
+/// routes, and to test both on one machine); ATTENTION_CPU_VECTOR=portable, avx2 or sse4 does as
+/// well.
 const Bf16Products* bf16_products();
 
-/// AVX512_BF16's products where this processor runs them, else nullptr, whatever bf16_products()
-/// took (for tests and benchmarks).
+/// The processor's bfloat16 products whatever bf16_products() took (for tests and benchmarks):
+/// AVX512_BF16's on x86-64, the BF16 extension's on aarch64, else nullptr.
+const Bf16Products* processor_bf16_products();
+
+/// Each instruction set's products where this processor runs them, else nullptr.
 const Bf16Products* avx512_bf16_products();
+const Bf16Products* neon_bf16_products();
 
 /// Pair rows of `in` (rows x cols bfloat16, row stride ld_in), contracted along its rows:
 /// out[p * ld_out + c] holds in[2p][c] low and in[2p + 1][c] high, for p < ceil(rows / 2); with

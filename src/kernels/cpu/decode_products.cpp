@@ -1,4 +1,334 @@
+// The paged forward's products (kernels/cpu/decode_products.h), written once with Google Highway
+// and compiled for AVX-512F, AVX2 with FMA and SSE4 on x86-64 and for NEON on aarch64 (which SVE
+// processors run as well: SVE's scalable vectors cannot be kept in the arrays of registers these
+// loops hold). With N lanes a register: N keys per group (eight on 128-bit vectors), each key's
+// partial sums in a register of its own and the group's sums gathered into one register by a tree
+// of interleaving adds; up to 8 registers of a row's output held while its keys go by. 8-bit rows
+// take up to four query rows at a time, each code widened once for all of them.
+
+#ifndef HWY_DISABLED_TARGETS
+// The x86 targets above AVX3 (bits 0 to 7) add instructions these loops do not use; SSSE3 has no
+// processors that SSE4's does not serve.
+#define HWY_DISABLED_TARGETS \
+  (((1LL << 8) - 1) | HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/decode_products.cpp"
+#include <hwy/cache_control.h>
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
 #include "kernels/cpu/decode_products.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+// The targets above; the others Highway compiles this file for (the baseline's) have no use for
+// it.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || \
+    HWY_TARGET == HWY_NEON
+HWY_BEFORE_NAMESPACE();
+namespace attention {
+namespace kernels {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(D()));
+// Keys whose scores one pass over a query row computes: a register's worth, and at least eight
+// (so that eight chains of products are in flight).
+constexpr int64_t kGroup = std::max<int64_t>(kLanes, 8);
+static_assert(kLanes == 4 || kLanes == 8 || kLanes == 16, "sum_each folds 1, 2 or 4 blocks");
+
+HWY_INLINE V load(D d, const float* p) {
+  return hn::LoadU(d, p);
+}
+
+// A bfloat16 is a float's upper half.
+HWY_INLINE V load(D d, const uint16_t* p) {
+  const hn::Rebind<uint16_t, D> d16;
+  const hn::RebindToUnsigned<D> d32;
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, p))));
+}
+
+HWY_INLINE V load(D d, const int8_t* p) {
+  const hn::Rebind<int8_t, D> d8;
+  const hn::RebindToSigned<D> d32;
+  return hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, p)));
+}
+
+// Exchanges the 128-bit blocks 0 and 1, 2 and 3 of a 512-bit register.
+HWY_INLINE V swap_adjacent_blocks(D d, V v) {
+  alignas(64) static constexpr int32_t kSwap[16] = {4,  5,  6,  7,  0, 1, 2,  3,
+                                                    12, 13, 14, 15, 8, 9, 10, 11};
+  return hn::TableLookupLanes(v, hn::SetTableIndices(d, kSwap));
+}
+
+// Lane k of the result is the sum of v[k]'s lanes, for kLanes registers. Adjacent pairs
+// interleaved and added within 128-bit blocks, by 32 then 64 bits: block l of quads[i] then holds
+// partial sums of v[4i .. 4i + 3]; the blocks are folded last.
+HWY_INLINE V sum_each(D d, const V* v) {
+  const hn::Repartition<uint64_t, D> d64;
+  V pairs[kLanes / 2];
+  for (int64_t i = 0; i < kLanes / 2; ++i) {
+    pairs[i] = hn::Add(hn::InterleaveLower(d, v[2 * i], v[2 * i + 1]),
+                       hn::InterleaveUpper(d, v[2 * i], v[2 * i + 1]));
+  }
+  V quads[kLanes / 4];
+  for (int64_t i = 0; i < kLanes / 4; ++i) {
+    const auto a = hn::BitCast(d64, pairs[2 * i]), b = hn::BitCast(d64, pairs[2 * i + 1]);
+    quads[i] = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, a, b)),
+                       hn::BitCast(d, hn::InterleaveUpper(d64, a, b)));
+  }
+  if constexpr (kLanes == 4) {
+    return quads[0];
+  } else if constexpr (kLanes == 8) {
+    return hn::Add(hn::ConcatLowerLower(d, quads[1], quads[0]),
+                   hn::ConcatUpperUpper(d, quads[1], quads[0]));
+  } else {
+    // Halves added: t = [q0 (blocks 0 + 2), q0 (1 + 3), q2 (0 + 2), q2 (1 + 3)], u with q1, q3.
+    const V t = hn::Add(hn::ConcatLowerLower(d, quads[2], quads[0]),
+                        hn::ConcatUpperUpper(d, quads[2], quads[0]));
+    const V u = hn::Add(hn::ConcatLowerLower(d, quads[3], quads[1]),
+                        hn::ConcatUpperUpper(d, quads[3], quads[1]));
+    // Then blocks: [t0, u1, t2, u3] + [t1, u0, t3, u2].
+    return hn::Add(hn::OddEvenBlocks(u, t), swap_adjacent_blocks(d, hn::OddEvenBlocks(t, u)));
+  }
+}
+
+// Asks for the rows of the next group while this one is multiplied: rows lie a page apart, in no
+// order a hardware prefetcher follows.
+template <typename In>
+HWY_INLINE void prefetch_rows(const In* const* rows, int64_t count, int64_t width) {
+  constexpr int64_t kLine = 64 / sizeof(In);
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t c = 0; c < width; c += kLine) hwy::Prefetch(rows[i] + c);
+  }
+}
+
+template <typename In>
+void scores(const float* q, int64_t rows, int64_t d, const In* const* keys, const float* key_scales,
+            int64_t cols, float* s, int64_t ld) {
+  const D df;
+  for (int64_t j0 = 0; j0 < cols; j0 += kGroup) {
+    const int64_t n = std::min<int64_t>(kGroup, cols - j0);
+    // A short last group repeats its first key in the missing places; their sums are not stored.
+    const In* k[kGroup];
+    for (int64_t i = 0; i < kGroup; ++i) k[i] = keys[j0 + (i < n ? i : 0)];
+    prefetch_rows(keys + j0 + n, std::min<int64_t>(kGroup, cols - j0 - n), d);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = q + r * d;
+      V acc[kGroup];
+      for (int64_t i = 0; i < kGroup; ++i) acc[i] = hn::Zero(df);
+      for (int64_t c = 0; c < d; c += kLanes) {
+        const V x = hn::LoadU(df, row + c);
+        for (int64_t i = 0; i < kGroup; ++i) acc[i] = hn::MulAdd(x, load(df, k[i] + c), acc[i]);
+      }
+      float* to = s + r * ld + j0;
+      if (n == kGroup) {  // a whole group: stored as it is summed
+        for (int64_t i = 0; i < kGroup; i += kLanes) {
+          V sum = sum_each(df, acc + i);
+          if (key_scales != nullptr) sum = hn::Mul(sum, hn::LoadU(df, key_scales + j0 + i));
+          hn::StoreU(sum, df, to + i);
+        }
+        continue;
+      }
+      HWY_ALIGN float sums[kGroup];
+      for (int64_t i = 0; i < kGroup; i += kLanes) hn::Store(sum_each(df, acc + i), df, sums + i);
+      for (int64_t i = 0; i < n; ++i)
+        to[i] = key_scales != nullptr ? sums[i] * key_scales[j0 + i] : sums[i];
+    }
+  }
+}
+
+// One row's output features [0, kLanes * Chunks) over every key it gives a weight, in registers.
+template <int Chunks, typename In>
+HWY_INLINE void weigh_values(const float* p, const In* const* values, const float* scales,
+                             int64_t cols, int64_t c0, float* acc) {
+  const D df;
+  V a[Chunks];
+  for (int i = 0; i < Chunks; ++i) a[i] = hn::LoadU(df, acc + kLanes * i);
+  for (int64_t j = 0; j < cols; ++j) {
+    // A value a row gives no weight is never read for it, whatever it (or its scale) holds.
+    if (p[j] == 0.0f) continue;
+    const V w = hn::Set(df, scales != nullptr ? p[j] * scales[j] : p[j]);
+    const In* v = values[j] + c0;
+    for (int i = 0; i < Chunks; ++i) a[i] = hn::MulAdd(w, load(df, v + kLanes * i), a[i]);
+  }
+  for (int i = 0; i < Chunks; ++i) hn::StoreU(a[i], df, acc + kLanes * i);
+}
+
+// Calls f(std::integral_constant<int, n>()) with n = min(Max, count), count >= 1: a number of
+// rows or registers as a template argument, so that the registers are known when it compiles.
+template <int Max, typename F>
+HWY_INLINE void up_to(int64_t count, const F& f) {
+  if constexpr (Max == 1) {
+    f(std::integral_constant<int, 1>());
+  } else {
+    if (count >= Max) {
+      f(std::integral_constant<int, Max>());
+    } else {
+      up_to<Max - 1>(count, f);
+    }
+  }
+}
+
+template <typename In>
+void values(const float* p, int64_t ld, int64_t rows, const In* const* values,
+            const float* value_scales, int64_t cols, float* acc, int64_t dv) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* weights = p + r * ld;
+    float* out = acc + r * dv;
+    for (int64_t c0 = 0; c0 < dv; c0 += 8 * kLanes) {
+      up_to<8>((dv - c0) / kLanes, [&](auto chunks) {
+        weigh_values<chunks()>(weights, values, value_scales, cols, c0, out + c0);
+      });
+    }
+  }
+}
+
+// 8-bit keys and values: each code widened in registers once per block of up to four rows, and
+// used there by all of them. Widening a group of keys into a float buffer that every row then
+// read (an earlier form) took about twice the instructions, and the decoding step with an 8-bit
+// cache is bound by them where its codes are in the processor's caches.
+
+// Rows [0, Rows) against keys [0, cols), kLanes / 4 keys at a time; acc[r * kKeys + i] holds row
+// r's partial sums against key i, so that one sum_each gives the block's scores.
+template <int Rows>
+void scores_i8_block(const float* q, int64_t d, const int8_t* const* keys, const float* key_scales,
+                     int64_t cols, float* s, int64_t ld) {
+  constexpr int64_t kKeys = kLanes / 4;
+  const D df;
+  for (int64_t j0 = 0; j0 < cols; j0 += kKeys) {
+    const int64_t n = std::min<int64_t>(kKeys, cols - j0);
+    // A short last group repeats its first key in the missing places; their sums are not stored.
+    const int8_t* k[kKeys];
+    for (int64_t i = 0; i < kKeys; ++i) k[i] = keys[j0 + (i < n ? i : 0)];
+    prefetch_rows(keys + j0 + n, std::min<int64_t>(kKeys, cols - j0 - n), d);
+    V acc[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) acc[i] = hn::Zero(df);
+    for (int64_t c = 0; c < d; c += kLanes) {
+      for (int64_t i = 0; i < kKeys; ++i) {
+        const V x = load(df, k[i] + c);
+        for (int r = 0; r < Rows; ++r) {
+          acc[r * kKeys + i] = hn::MulAdd(hn::LoadU(df, q + r * d + c), x, acc[r * kKeys + i]);
+        }
+      }
+    }
+    HWY_ALIGN float sums[kLanes];  // lane r * kKeys + i: row r against key i
+    hn::Store(sum_each(df, acc), df, sums);
+    for (int r = 0; r < Rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) s[r * ld + j0 + i] = sums[r * kKeys + i] * key_scales[j0 + i];
+    }
+  }
+}
+
+void scores_i8(const float* q, int64_t rows, int64_t d, const int8_t* const* keys,
+               const float* key_scales, int64_t cols, float* s, int64_t ld) {
+  if (rows == 1) {  // a group of keys at a time in registers
+    scores<int8_t>(q, rows, d, keys, key_scales, cols, s, ld);
+    return;
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    up_to<4>(rows - r0, [&](auto block) {
+      scores_i8_block<block()>(q + r0 * d, d, keys, key_scales, cols, s + r0 * ld, ld);
+    });
+  }
+}
+
+// Rows [0, Rows)' outputs, features [c0, c0 + kLanes * Chunks), over keys [0, cols): weights[r *
+// kWeightKeys + j] is row r's weight of key j times the key's scale.
+constexpr int64_t kWeightKeys = 64;
+
+template <int Rows, int Chunks>
+void values_i8_block(const float* weights, int64_t cols, const int8_t* const* values, int64_t c0,
+                     float* acc, int64_t dv) {
+  const D df;
+  V a[Rows * Chunks];
+  for (int r = 0; r < Rows; ++r) {
+    for (int i = 0; i < Chunks; ++i)
+      a[r * Chunks + i] = hn::LoadU(df, acc + r * dv + c0 + kLanes * i);
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    const int8_t* v = values[j] + c0;
+    V x[Chunks];
+    for (int i = 0; i < Chunks; ++i) x[i] = load(df, v + kLanes * i);
+    for (int r = 0; r < Rows; ++r) {
+      const V w = hn::Set(df, weights[r * kWeightKeys + j]);
+      for (int i = 0; i < Chunks; ++i) a[r * Chunks + i] = hn::MulAdd(w, x[i], a[r * Chunks + i]);
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    for (int i = 0; i < Chunks; ++i)
+      hn::StoreU(a[r * Chunks + i], df, acc + r * dv + c0 + kLanes * i);
+  }
+}
+
+template <int Rows>
+void values_i8_rows(const float* weights, int64_t cols, const int8_t* const* values, float* acc,
+                    int64_t dv) {
+  for (int64_t c0 = 0; c0 < dv; c0 += 4 * kLanes) {
+    up_to<4>((dv - c0) / kLanes, [&](auto chunks) {
+      values_i8_block<Rows, chunks()>(weights, cols, values, c0, acc, dv);
+    });
+  }
+}
+
+void values_i8(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
+               const float* value_scales, int64_t cols, float* acc, int64_t dv) {
+  const D df;
+  HWY_ALIGN float weights[4 * kWeightKeys];
+  for (int64_t j0 = 0; j0 < cols; j0 += kWeightKeys) {
+    const int64_t m = std::min(kWeightKeys, cols - j0);
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int64_t block = std::min<int64_t>(4, rows - r0);
+      // A weight of 0 stays 0, whatever the key's scale (a NaN scale stays out of a row that
+      // gives its value no weight: the codes themselves are finite).
+      for (int64_t r = 0; r < block; ++r) {
+        const float* row = p + (r0 + r) * ld + j0;
+        int64_t j = 0;
+        for (; j + kLanes <= m; j += kLanes) {
+          const V weight = hn::LoadU(df, row + j);
+          const V scaled = hn::Mul(weight, hn::LoadU(df, value_scales + j0 + j));
+          hn::Store(hn::IfThenZeroElse(hn::Eq(weight, hn::Zero(df)), scaled), df,
+                    weights + r * kWeightKeys + j);
+        }
+        for (; j < m; ++j) {
+          weights[r * kWeightKeys + j] = row[j] == 0.0f ? 0.0f : row[j] * value_scales[j0 + j];
+        }
+      }
+      up_to<4>(block, [&](auto block_rows) {
+        values_i8_rows<block_rows()>(weights, m, values + j0, acc + r0 * dv, dv);
+      });
+    }
+  }
+}
+
+// Float and bfloat16 rows carry no scales.
+template <typename In>
+void plain_scores(const float* q, int64_t rows, int64_t d, const In* const* keys, int64_t cols,
+                  float* s, int64_t ld) {
+  scores<In>(q, rows, d, keys, nullptr, cols, s, ld);
+}
+template <typename In>
+void plain_values(const float* p, int64_t ld, int64_t rows, const In* const* v, int64_t cols,
+                  float* acc, int64_t dv) {
+  values<In>(p, ld, rows, v, nullptr, cols, acc, dv);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace attention
+HWY_AFTER_NAMESPACE();
+#endif
+
+#if HWY_ONCE
+
 #include "platform/cpu_features.h"
 
 namespace attention {
@@ -7,10 +337,34 @@ namespace cpu {
 
 std::vector<const DecodeProducts*> supported_decode_products() {
   std::vector<const DecodeProducts*> supported;
-  for (const DecodeProducts* set :
-       {avx512_decode_products(), avx2_decode_products(), vector128_decode_products()}) {
-    if (set != nullptr) supported.push_back(set);
+  const int64_t runs = hwy::SupportedTargets();
+  // A set compiled for TARGET (in Highway's namespace of it), where this processor runs it.
+#define ATTENTION_PRODUCTS_ROUTE(TARGET, NAMESPACE, NAME)                       \
+  if ((runs & (TARGET)) != 0) {                                                 \
+    static constexpr DecodeProducts products{NAME,                              \
+                                             NAMESPACE::kLanes,                 \
+                                             NAMESPACE::plain_scores<float>,    \
+                                             NAMESPACE::plain_scores<uint16_t>, \
+                                             NAMESPACE::plain_values<float>,    \
+                                             NAMESPACE::plain_values<uint16_t>, \
+                                             NAMESPACE::scores_i8,              \
+                                             NAMESPACE::values_i8};             \
+    supported.push_back(&products);                                             \
   }
+  // Best first.
+#if HWY_TARGETS & HWY_AVX3
+  ATTENTION_PRODUCTS_ROUTE(HWY_AVX3, N_AVX3, "avx512")
+#endif
+#if HWY_TARGETS & HWY_AVX2
+  ATTENTION_PRODUCTS_ROUTE(HWY_AVX2, N_AVX2, "avx2")
+#endif
+#if HWY_TARGETS & HWY_SSE4
+  ATTENTION_PRODUCTS_ROUTE(HWY_SSE4, N_SSE4, "sse4")
+#endif
+#if HWY_TARGETS & HWY_NEON
+  ATTENTION_PRODUCTS_ROUTE(HWY_NEON, N_NEON, "neon")
+#endif
+#undef ATTENTION_PRODUCTS_ROUTE
   return supported;
 }
 
@@ -22,3 +376,5 @@ const DecodeProducts* decode_products() {
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace attention
+
+#endif  // HWY_ONCE

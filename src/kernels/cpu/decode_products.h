@@ -4,24 +4,16 @@
 // that lie one row here, one row there, in the pages of a cache, each reached through a pointer.
 // A decoding step is bound by reading those keys and values once, so the products must keep up
 // with memory: the compiler-vectorized loops (one dot product per row and key, summed lane after
-// lane) do not. Here a row meets a group of keys at a time (16 on AVX-512F, 8 on AVX2), each key's
-// partial sums kept in a register of its own and the group's sums gathered into one register by a
-// tree of shuffles; the weighted values keep a row's output in registers while its keys go by.
-// bfloat16 keys and values are widened on load (a bfloat16 is a float's upper half), 8-bit ones
-// converted on load and their row's scale applied once per score and once per weight. One set per
-// instruction set (kernels/cpu/decode_products_avx512.cpp, kernels/cpu/decode_products_avx2.cpp,
-// and kernels/cpu/decode_products_128.cpp through Google Highway: NEON on aarch64, SSE4 on x86-64
-// processors without AVX2), chosen at run time as the exponential passes are
-// (kernels/cpu/softmax.h).
+// lane) do not. Here a row meets a group of keys at a time (16 on AVX-512F, 8 on AVX2, SSE4 and
+// NEON), each key's partial sums kept in a register of its own and the group's sums gathered into
+// one register by a tree of shuffles; the weighted values keep a row's output in registers while
+// its keys go by. bfloat16 keys and values are widened on load (a bfloat16 is a float's upper
+// half), 8-bit ones converted on load and their row's scale applied once per score and once per
+// weight. One source (kernels/cpu/decode_products.cpp, through Google Highway) compiled for each
+// instruction set and chosen at run time as the exponential passes are (kernels/cpu/softmax.h).
 
 #include <cstdint>
 #include <vector>
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ATTENTION_HAS_X86_DECODE_PRODUCTS 1
-#else
-#define ATTENTION_HAS_X86_DECODE_PRODUCTS 0
-#endif
 
 namespace attention {
 namespace kernels {
@@ -67,11 +59,6 @@ const DecodeProducts* decode_products();
 
 /// Every set this processor runs, best first (for tests and benchmarks).
 std::vector<const DecodeProducts*> supported_decode_products();
-
-/// Each set where this processor runs it, else nullptr.
-const DecodeProducts* avx512_decode_products();
-const DecodeProducts* avx2_decode_products();
-const DecodeProducts* vector128_decode_products();
 
 }  // namespace cpu
 }  // namespace kernels
