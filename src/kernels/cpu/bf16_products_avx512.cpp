@@ -5,6 +5,7 @@
 // of a row is loaded and stored under a mask; a k that is odd ends with a step whose pair has its
 // high half cleared in both operands, so nothing beyond the k-th value is read or counted.
 
+#include "kernels/cpu/bf16_panels.h"
 #include "kernels/cpu/bf16_products.h"
 #include "platform/compiler.h"
 #include "platform/cpu_features.h"
@@ -38,9 +39,6 @@ namespace {
 #define ATTENTION_UNROLL _Pragma("GCC unroll 16")
 #define ATTENTION_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-constexpr int kRows = 4;     // rows of C per block
-constexpr int kVectors = 4;  // 16-float vectors of C per block row
-
 // The mask of a vector's first `count` lanes (1 to 16).
 inline __mmask16 first_lanes(int64_t count) {
   return static_cast<__mmask16>(count == 16 ? 0xFFFF : (1u << count) - 1);
@@ -58,108 +56,64 @@ ATTENTION_AVX512_BF16 ATTENTION_ALWAYS_INLINE __m512 dot_pairs(__m512 acc, __m51
 
 // One block of C: `Rows` rows from c, `Vectors` vectors of 16 columns, the last under `tail`.
 template <int Rows, int Vectors>
-ATTENTION_AVX512_BF16 void block(int64_t k, float alpha, const uint16_t* a, int64_t lda,
-                                 const uint32_t* b, int64_t ldb, bool accumulate, float* c,
-                                 int64_t ldc, __mmask16 tail) {
-  __m512 acc[Rows][Vectors];
-  ATTENTION_UNROLL
-  for (int r = 0; r < Rows; ++r) {
-    ATTENTION_UNROLL
-    for (int v = 0; v < Vectors; ++v) acc[r][v] = _mm512_setzero_ps();
-  }
-  const auto mask_of = [tail](int v) -> __mmask16 { return v == Vectors - 1 ? tail : 0xFFFF; };
-  const int64_t pairs = k / 2;
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512i pair_row[Vectors];
-    ATTENTION_UNROLL
-    for (int v = 0; v < Vectors; ++v) {
-      pair_row[v] = _mm512_maskz_loadu_epi32(mask_of(v), b + p * ldb + 16 * v);
-    }
+struct Block {
+  ATTENTION_AVX512_BF16 static void run(int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                                        const uint32_t* b, int64_t ldb, bool accumulate, float* c,
+                                        int64_t ldc, __mmask16 tail) {
+    __m512 acc[Rows][Vectors];
     ATTENTION_UNROLL
     for (int r = 0; r < Rows; ++r) {
-      const __m512i pair = pair_of(a + r * lda + 2 * p);
       ATTENTION_UNROLL
-      for (int v = 0; v < Vectors; ++v) acc[r][v] = dot_pairs(acc[r][v], pair, pair_row[v]);
+      for (int v = 0; v < Vectors; ++v) acc[r][v] = _mm512_setzero_ps();
     }
-  }
-  if (k % 2 != 0) {  // the last value alone: both high halves cleared
-    const __m512i low_half = _mm512_set1_epi32(0xFFFF);
-    __m512i pair_row[Vectors];
-    ATTENTION_UNROLL
-    for (int v = 0; v < Vectors; ++v) {
-      pair_row[v] = _mm512_and_si512(
-          low_half, _mm512_maskz_loadu_epi32(mask_of(v), b + pairs * ldb + 16 * v));
+    const auto mask_of = [tail](int v) -> __mmask16 { return v == Vectors - 1 ? tail : 0xFFFF; };
+    const int64_t pairs = k / 2;
+    for (int64_t p = 0; p < pairs; ++p) {
+      __m512i pair_row[Vectors];
+      ATTENTION_UNROLL
+      for (int v = 0; v < Vectors; ++v) {
+        pair_row[v] = _mm512_maskz_loadu_epi32(mask_of(v), b + p * ldb + 16 * v);
+      }
+      ATTENTION_UNROLL
+      for (int r = 0; r < Rows; ++r) {
+        const __m512i pair = pair_of(a + r * lda + 2 * p);
+        ATTENTION_UNROLL
+        for (int v = 0; v < Vectors; ++v) acc[r][v] = dot_pairs(acc[r][v], pair, pair_row[v]);
+      }
     }
+    if (k % 2 != 0) {  // the last value alone: both high halves cleared
+      const __m512i low_half = _mm512_set1_epi32(0xFFFF);
+      __m512i pair_row[Vectors];
+      ATTENTION_UNROLL
+      for (int v = 0; v < Vectors; ++v) {
+        pair_row[v] = _mm512_and_si512(
+            low_half, _mm512_maskz_loadu_epi32(mask_of(v), b + pairs * ldb + 16 * v));
+      }
+      ATTENTION_UNROLL
+      for (int r = 0; r < Rows; ++r) {
+        const __m512i last = _mm512_set1_epi32(a[r * lda + k - 1]);
+        ATTENTION_UNROLL
+        for (int v = 0; v < Vectors; ++v) acc[r][v] = dot_pairs(acc[r][v], last, pair_row[v]);
+      }
+    }
+    const __m512 scale = _mm512_set1_ps(alpha);
     ATTENTION_UNROLL
     for (int r = 0; r < Rows; ++r) {
-      const __m512i last = _mm512_set1_epi32(a[r * lda + k - 1]);
       ATTENTION_UNROLL
-      for (int v = 0; v < Vectors; ++v) acc[r][v] = dot_pairs(acc[r][v], last, pair_row[v]);
+      for (int v = 0; v < Vectors; ++v) {
+        float* out = c + r * ldc + 16 * v;
+        __m512 result = _mm512_mul_ps(acc[r][v], scale);
+        if (accumulate) result = _mm512_add_ps(result, _mm512_maskz_loadu_ps(mask_of(v), out));
+        _mm512_mask_storeu_ps(out, mask_of(v), result);
+      }
     }
   }
-  const __m512 scale = _mm512_set1_ps(alpha);
-  ATTENTION_UNROLL
-  for (int r = 0; r < Rows; ++r) {
-    ATTENTION_UNROLL
-    for (int v = 0; v < Vectors; ++v) {
-      float* out = c + r * ldc + 16 * v;
-      __m512 result = _mm512_mul_ps(acc[r][v], scale);
-      if (accumulate) result = _mm512_add_ps(result, _mm512_maskz_loadu_ps(mask_of(v), out));
-      _mm512_mask_storeu_ps(out, mask_of(v), result);
-    }
-  }
-}
+};
 
-using Block = void (*)(int64_t, float, const uint16_t*, int64_t, const uint32_t*, int64_t, bool,
-                       float*, int64_t, __mmask16);
-
-template <int Rows>
-Block block_of(int vectors) {
-  switch (vectors) {
-    case 1:
-      return block<Rows, 1>;
-    case 2:
-      return block<Rows, 2>;
-    case 3:
-      return block<Rows, 3>;
-    default:
-      return block<Rows, 4>;
-  }
-}
-
-Block block_of(int rows, int vectors) {
-  switch (rows) {
-    case 1:
-      return block_of<1>(vectors);
-    case 2:
-      return block_of<2>(vectors);
-    case 3:
-      return block_of<3>(vectors);
-    default:
-      return block_of<4>(vectors);
-  }
-}
-
-// Panels of 64 columns outside, blocks of rows inside: a panel of B stays in the first-level cache
-// while every row of A meets it.
 void product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
              const uint32_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
-  constexpr int64_t kPanel = 16 * kVectors;
-  for (int64_t j = 0; j < n; j += kPanel) {
-    const int64_t cols = std::min(kPanel, n - j);
-    const int vectors = static_cast<int>((cols + 15) / 16);
-    const int64_t rest = cols - 16 * (vectors - 1);
-    const auto tail = first_lanes(rest);
-    const Block full = block_of(kRows, vectors);
-    int64_t i = 0;
-    for (; i + kRows <= m; i += kRows) {
-      full(k, alpha, a + i * lda, lda, b + j, ldb, accumulate, c + i * ldc + j, ldc, tail);
-    }
-    if (i < m) {
-      block_of(static_cast<int>(m - i), vectors)(k, alpha, a + i * lda, lda, b + j, ldb, accumulate,
-                                                 c + i * ldc + j, ldc, tail);
-    }
-  }
+  bf16_product_in_panels<Block, 16>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc,
+                                    first_lanes);
 }
 
 ATTENTION_AVX512_BF16 void round(const float* in, int64_t ld_in, int64_t rows, int64_t cols,

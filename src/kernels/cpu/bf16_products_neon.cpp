@@ -8,6 +8,7 @@
 // ends with a step whose pair has its high half cleared in both operands, so nothing beyond the
 // k-th value is read or counted. Not written with Highway: its 1.0 has no BF16 target (1.2 has).
 
+#include "kernels/cpu/bf16_panels.h"
 #include "kernels/cpu/bf16_products.h"
 #include "platform/compiler.h"
 
@@ -32,9 +33,6 @@ namespace {
 
 #define ATTENTION_UNROLL _Pragma("GCC unroll 16")
 #define ATTENTION_BF16 __attribute__((target("arch=armv8.2-a+bf16")))
-
-constexpr int kRows = 4;     // rows of C per block
-constexpr int kVectors = 4;  // 4-float vectors of C per block row
 
 // The first `count` (1 to 4) 32-bit words at p, the others 0.
 ATTENTION_ALWAYS_INLINE uint32x4_t load_words(const uint32_t* p, int64_t count) {
@@ -66,104 +64,62 @@ ATTENTION_BF16 ATTENTION_ALWAYS_INLINE float32x4_t dot_pairs(float32x4_t acc, ui
 // One block of C: `Rows` rows from c, `Vectors` vectors of 4 columns, the last with `tail` (1 to
 // 4).
 template <int Rows, int Vectors>
-ATTENTION_BF16 void block(int64_t k, float alpha, const uint16_t* a, int64_t lda, const uint32_t* b,
-                          int64_t ldb, bool accumulate, float* c, int64_t ldc, int64_t tail) {
-  float32x4_t acc[Rows][Vectors];
-  ATTENTION_UNROLL
-  for (int r = 0; r < Rows; ++r) {
-    ATTENTION_UNROLL
-    for (int v = 0; v < Vectors; ++v) acc[r][v] = vdupq_n_f32(0.0f);
-  }
-  const auto count_of = [tail](int v) -> int64_t { return v == Vectors - 1 ? tail : 4; };
-  const int64_t pairs = k / 2;
-  for (int64_t p = 0; p < pairs; ++p) {
-    uint32x4_t pair_row[Vectors];
-    ATTENTION_UNROLL
-    for (int v = 0; v < Vectors; ++v) pair_row[v] = load_words(b + p * ldb + 4 * v, count_of(v));
+struct Block {
+  ATTENTION_BF16 static void run(int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                                 const uint32_t* b, int64_t ldb, bool accumulate, float* c,
+                                 int64_t ldc, int64_t tail) {
+    float32x4_t acc[Rows][Vectors];
     ATTENTION_UNROLL
     for (int r = 0; r < Rows; ++r) {
-      uint32_t word;
-      std::memcpy(&word, a + r * lda + 2 * p, sizeof word);
-      const uint32x4_t pair = vdupq_n_u32(word);
       ATTENTION_UNROLL
-      for (int v = 0; v < Vectors; ++v) acc[r][v] = dot_pairs(acc[r][v], pair, pair_row[v]);
+      for (int v = 0; v < Vectors; ++v) acc[r][v] = vdupq_n_f32(0.0f);
     }
-  }
-  if (k % 2 != 0) {  // the last value alone: both high halves cleared
-    const uint32x4_t low_half = vdupq_n_u32(0xFFFF);
-    uint32x4_t pair_row[Vectors];
-    ATTENTION_UNROLL
-    for (int v = 0; v < Vectors; ++v) {
-      pair_row[v] = vandq_u32(low_half, load_words(b + pairs * ldb + 4 * v, count_of(v)));
+    const auto count_of = [tail](int v) -> int64_t { return v == Vectors - 1 ? tail : 4; };
+    const int64_t pairs = k / 2;
+    for (int64_t p = 0; p < pairs; ++p) {
+      uint32x4_t pair_row[Vectors];
+      ATTENTION_UNROLL
+      for (int v = 0; v < Vectors; ++v) pair_row[v] = load_words(b + p * ldb + 4 * v, count_of(v));
+      ATTENTION_UNROLL
+      for (int r = 0; r < Rows; ++r) {
+        uint32_t word;
+        std::memcpy(&word, a + r * lda + 2 * p, sizeof word);
+        const uint32x4_t pair = vdupq_n_u32(word);
+        ATTENTION_UNROLL
+        for (int v = 0; v < Vectors; ++v) acc[r][v] = dot_pairs(acc[r][v], pair, pair_row[v]);
+      }
+    }
+    if (k % 2 != 0) {  // the last value alone: both high halves cleared
+      const uint32x4_t low_half = vdupq_n_u32(0xFFFF);
+      uint32x4_t pair_row[Vectors];
+      ATTENTION_UNROLL
+      for (int v = 0; v < Vectors; ++v) {
+        pair_row[v] = vandq_u32(low_half, load_words(b + pairs * ldb + 4 * v, count_of(v)));
+      }
+      ATTENTION_UNROLL
+      for (int r = 0; r < Rows; ++r) {
+        const uint32x4_t last = vdupq_n_u32(a[r * lda + k - 1]);
+        ATTENTION_UNROLL
+        for (int v = 0; v < Vectors; ++v) acc[r][v] = dot_pairs(acc[r][v], last, pair_row[v]);
+      }
     }
     ATTENTION_UNROLL
     for (int r = 0; r < Rows; ++r) {
-      const uint32x4_t last = vdupq_n_u32(a[r * lda + k - 1]);
       ATTENTION_UNROLL
-      for (int v = 0; v < Vectors; ++v) acc[r][v] = dot_pairs(acc[r][v], last, pair_row[v]);
+      for (int v = 0; v < Vectors; ++v) {
+        float* out = c + r * ldc + 4 * v;
+        float32x4_t result = vmulq_n_f32(acc[r][v], alpha);
+        if (accumulate) result = vaddq_f32(result, load_floats(out, count_of(v)));
+        store_floats(out, result, count_of(v));
+      }
     }
   }
-  ATTENTION_UNROLL
-  for (int r = 0; r < Rows; ++r) {
-    ATTENTION_UNROLL
-    for (int v = 0; v < Vectors; ++v) {
-      float* out = c + r * ldc + 4 * v;
-      float32x4_t result = vmulq_n_f32(acc[r][v], alpha);
-      if (accumulate) result = vaddq_f32(result, load_floats(out, count_of(v)));
-      store_floats(out, result, count_of(v));
-    }
-  }
-}
+};
 
-using Block = void (*)(int64_t, float, const uint16_t*, int64_t, const uint32_t*, int64_t, bool,
-                       float*, int64_t, int64_t);
-
-template <int Rows>
-Block block_of(int vectors) {
-  switch (vectors) {
-    case 1:
-      return block<Rows, 1>;
-    case 2:
-      return block<Rows, 2>;
-    case 3:
-      return block<Rows, 3>;
-    default:
-      return block<Rows, 4>;
-  }
-}
-
-Block block_of(int rows, int vectors) {
-  switch (rows) {
-    case 1:
-      return block_of<1>(vectors);
-    case 2:
-      return block_of<2>(vectors);
-    case 3:
-      return block_of<3>(vectors);
-    default:
-      return block_of<4>(vectors);
-  }
-}
-
-// Panels of 16 columns outside, blocks of rows inside: a panel of B stays in the first-level cache
-// while every row of A meets it.
 void product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
              const uint32_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
-  constexpr int64_t kPanel = 4 * kVectors;
-  for (int64_t j = 0; j < n; j += kPanel) {
-    const int64_t cols = std::min(kPanel, n - j);
-    const int vectors = static_cast<int>((cols + 3) / 4);
-    const int64_t tail = cols - 4 * (vectors - 1);
-    const Block full = block_of(kRows, vectors);
-    int64_t i = 0;
-    for (; i + kRows <= m; i += kRows) {
-      full(k, alpha, a + i * lda, lda, b + j, ldb, accumulate, c + i * ldc + j, ldc, tail);
-    }
-    if (i < m) {
-      block_of(static_cast<int>(m - i), vectors)(k, alpha, a + i * lda, lda, b + j, ldb, accumulate,
-                                                 c + i * ldc + j, ldc, tail);
-    }
-  }
+  bf16_product_in_panels<Block, 4>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc,
+                                   [](int64_t count) { return count; });
 }
 
 // Four floats rounded to bfloat16 (BFCVTN: to nearest even, NaN stays NaN), widened into the low
