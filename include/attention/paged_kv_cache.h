@@ -12,7 +12,9 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <list>
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 namespace attention {
@@ -52,6 +54,18 @@ struct PagedKVCacheOptions {
 };
 
 class PagedKVCache;
+
+/// What PagedKVCache::add_sequence(tokens) made: the new sequence, and how many of its leading
+/// tokens the cache already holds (whole pages, written in every layer by an earlier sequence
+/// with the same tokens at the same positions). The caller computes the rest: the sequence's
+/// length() is cached_tokens, and its next step extends it by the tokens after them.
+struct PrefixHit {
+  /// The new sequence's id.
+  int64_t sequence = -1;
+  /// Its tokens already in the cache: a multiple of page_size, less than the tokens given (the
+  /// last token is always left to compute, since its query makes the next token's logits).
+  int64_t cached_tokens = 0;
+};
 
 /// One step of a PagedKVCache: which sequences take part, how many new tokens each brings (its
 /// rows of the packed batch), where those tokens' keys and values go, and every sequence's keys
@@ -120,10 +134,12 @@ class ATTENTION_API PagedBatch {
 /// its keys and values with write(), then attends through the batch's page tables
 /// (functional::paged_attention, or MultiHeadAttention::forward_paged, which does both).
 ///
-/// Thread safety: no lock inside. add_sequence(), fork_sequence(), free_sequence(), truncate() and
-/// extend() need the cache to themselves (extend() may copy pages of every layer); other calls may
+/// Thread safety: no lock inside. add_sequence(), add_tokens(), fork_sequence(), free_sequence(),
+/// truncate() and extend() need the cache to themselves (extend() may copy pages of every layer;
+/// they offer the pages written since the last of them to prefix caching); other calls may
 /// overlap, but write() of a layer must not overlap another read or write of that layer's pages
-/// (write() touches no other layer). A reader-writer lock fits (docs/THREADS.md).
+/// (write() touches no other layer: it records only how far its layer is written). A reader-writer
+/// lock fits (docs/THREADS.md).
 ///
 /// Example:
 /// \code
@@ -151,12 +167,24 @@ class ATTENTION_API PagedKVCache {
 
   /// A new, empty sequence; its id (ids are never reused).
   int64_t add_sequence();
+  /// A new sequence whose first tokens are `tokens` (1-D, any integer dtype, on the CPU): it
+  /// starts with the cached pages of the longest prefix of them (see the class comment), and the
+  /// cache remembers the rest, so that the pages the sequence fills with them are offered to later
+  /// sequences once written. Throws c10::TypeError for another dtype, c10::ValueError for another
+  /// shape, device or more tokens than the pool holds; nothing changes then.
+  PrefixHit add_sequence(const torch::Tensor& tokens);
+  /// Tells the cache the ids of a sequence's next tokens, after those it knows (the tokens given to
+  /// add_sequence() and to earlier calls): a decoded token, or the next turn of a conversation,
+  /// so that their pages are offered too. Same checks as add_sequence(tokens), and the sequence
+  /// must be known; nothing changes when one fails.
+  void add_tokens(int64_t sequence, const torch::Tensor& tokens);
   /// A new sequence with the tokens of `parent`, sharing its pages; its id.
   int64_t fork_sequence(int64_t parent);
   /// Forgets a sequence; pages no other sequence shares go back to the pool.
   void free_sequence(int64_t sequence);
   /// Keeps the first `length` tokens of a sequence (rolling back rejected tokens, or a step that
-  /// failed after extend()). Throws c10::ValueError unless length <= length(sequence) and, with a
+  /// failed after extend()), and forgets the ids of its tokens past `length` (add_tokens() tells
+  /// the cache the next ones). Throws c10::ValueError unless length <= length(sequence) and, with a
   /// sliding window, the tokens a query at `length` sees are still held.
   void truncate(int64_t sequence, int64_t length);
 
@@ -200,8 +228,12 @@ class ATTENTION_API PagedKVCache {
   std::vector<int64_t> pages(int64_t sequence) const;
   /// The sequences held, in the order they were added.
   std::vector<int64_t> sequences() const;
-  /// Pages no sequence holds.
+  /// Pages no sequence holds (the cached ones among them, which the pool gives back when needed).
   int64_t free_pages() const;
+  /// Pages no sequence holds that prefix caching keeps for reuse (part of free_pages()).
+  int64_t cached_pages() const;
+  /// Whether `page` is offered to sequences with its tokens (held by a sequence or not).
+  bool page_cached(int64_t page) const;
   /// How many sequences hold `page` (0 when it is free).
   int64_t page_references(int64_t page) const;
   /// The options it was made with.
@@ -214,6 +246,20 @@ class ATTENTION_API PagedKVCache {
     int64_t length = 0;
     std::vector<int64_t> pages;  // -1 where released by the window
     int64_t released = 0;        // leading pages given back
+    // Prefix caching: the token ids known from position 0, the tokens each layer has written from
+    // position 0 without a gap, and the cached page standing for each leading page offered so far
+    // (the sequence's own page, or the one cached before it with the same tokens).
+    std::vector<int64_t> tokens;
+    std::vector<int64_t> written;
+    std::vector<int64_t> offered;
+  };
+  // A cached page: its tokens and the cached page before it (-1 for a sequence's first page).
+  struct CachedPage {
+    uint64_t hash = 0;
+    int64_t parent = -1;
+    std::vector<int64_t> tokens;
+    bool idle = false;                  // in lru_: no sequence holds it
+    std::list<int64_t>::iterator used;  // its place in lru_ when idle
   };
   struct Plan;
 
@@ -224,6 +270,12 @@ class ATTENTION_API PagedKVCache {
   int64_t take_page();
   void drop_page(int64_t page);
   void copy_page(int64_t from, int64_t to);
+  static std::vector<int64_t> token_ids(const torch::Tensor& tokens, int64_t capacity,
+                                        const char* caller);
+  int64_t find_cached(int64_t parent, const int64_t* tokens) const;
+  void offer_written_pages();
+  void offer_pages(Sequence& s);
+  void forget_page(int64_t page);
   void changed();
   void check_layer(int64_t layer, const char* caller) const;
   // Rows (total_tokens, num_kv_heads, width) of the batch's new tokens into a pool of one layer's
@@ -242,6 +294,11 @@ class ATTENTION_API PagedKVCache {
   std::vector<int64_t> free_list_;   // pages given back, taken again first
   int64_t free_count_ = 0;
   uint64_t version_ = 0;  // drawn from a process-wide counter at every change
+  // Prefix caching: cached pages by page, their pages by hash, and the idle ones least recently
+  // used first.
+  std::unordered_map<int64_t, CachedPage> cached_;
+  std::unordered_multimap<uint64_t, int64_t> by_hash_;
+  std::list<int64_t> lru_;
 };
 
 }  // namespace attention

@@ -21,6 +21,19 @@ constexpr const char* kName = "attention::PagedKVCache";
 constexpr const char* kExtend = "attention::PagedKVCache::extend";
 constexpr const char* kPagesNeeded = "attention::PagedKVCache::pages_needed";
 constexpr const char* kWrite = "attention::PagedKVCache::write";
+constexpr const char* kAddSequence = "attention::PagedKVCache::add_sequence";
+constexpr const char* kAddTokens = "attention::PagedKVCache::add_tokens";
+
+// A cached page's hash: the page before it and its tokens (FNV-1a over 64-bit words, each step
+// mixed). Only a first look: a match is confirmed by both.
+uint64_t page_hash(int64_t parent, const int64_t* tokens, int64_t count) {
+  uint64_t h = 14695981039346656037ull ^ static_cast<uint64_t>(parent);
+  for (int64_t i = 0; i < count; ++i) {
+    h = (h ^ static_cast<uint64_t>(tokens[i])) * 1099511628211ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
 
 // Every change of every cache takes the next value, so that a batch names one state of one cache.
 uint64_t next_version() {
@@ -118,14 +131,95 @@ PagedKVCache::Sequence& PagedKVCache::find(int64_t sequence, const char* caller)
 }
 
 int64_t PagedKVCache::add_sequence() {
+  offer_written_pages();
   const int64_t id = next_id_++;
-  sequences_.emplace(id, Sequence{});
+  Sequence s;
+  s.written.assign(options_.num_layers(), 0);
+  sequences_.emplace(id, std::move(s));
   changed();
   return id;
 }
 
+std::vector<int64_t> PagedKVCache::token_ids(const torch::Tensor& tokens, int64_t capacity,
+                                             const char* caller) {
+  TORCH_CHECK_VALUE(tokens.defined(), caller,
+                    ": expected a 1-D tensor of token ids, got an undefined tensor");
+  TORCH_CHECK_TYPE(c10::isIntegralType(tokens.scalar_type(), /*includeBool=*/false), caller,
+                   ": expected token ids of an integer dtype, got ", tokens.scalar_type());
+  TORCH_CHECK_VALUE(tokens.layout() == torch::kStrided && tokens.dim() == 1, caller,
+                    ": expected a 1-D tensor of token ids, got ", tokens.dim(), " dimensions (",
+                    detail::shape_str(tokens.sizes()), ", layout ", tokens.layout(), ")");
+  TORCH_CHECK_VALUE(tokens.device().is_cpu(), caller, ": expected token ids on the CPU, got ",
+                    tokens.device());
+  TORCH_CHECK_VALUE(tokens.numel() <= capacity, caller, ": ", tokens.numel(),
+                    " tokens are more than the pool holds (", capacity, ")");
+  const auto ids = tokens.to(torch::kLong).contiguous();
+  return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
+}
+
+int64_t PagedKVCache::find_cached(int64_t parent, const int64_t* tokens) const {
+  const int64_t page_size = options_.page_size();
+  const auto range = by_hash_.equal_range(page_hash(parent, tokens, page_size));
+  for (auto it = range.first; it != range.second; ++it) {
+    const CachedPage& c = cached_.at(it->second);
+    if (c.parent == parent && std::equal(c.tokens.begin(), c.tokens.end(), tokens)) {
+      return it->second;
+    }
+  }
+  return -1;
+}
+
+PrefixHit PagedKVCache::add_sequence(const torch::Tensor& tokens) {
+  const int64_t page_size = options_.page_size();
+  std::vector<int64_t> ids = token_ids(tokens, options_.num_pages() * page_size, kAddSequence);
+  offer_written_pages();
+  Sequence s;
+  // Whole pages, and never the last token: its query makes the next token's logits.
+  const int64_t reusable = ids.empty() ? 0 : (static_cast<int64_t>(ids.size()) - 1) / page_size;
+  int64_t parent = -1;
+  for (int64_t j = 0; j < reusable; ++j) {
+    const int64_t page = find_cached(parent, ids.data() + j * page_size);
+    if (page < 0) break;
+    s.pages.push_back(page);
+    parent = page;
+  }
+  for (const int64_t page : s.pages) {
+    CachedPage& c = cached_.at(page);
+    if (c.idle) {  // back from the idle pages to a sequence
+      lru_.erase(c.used);
+      c.idle = false;
+      --free_count_;
+    }
+    ++references_[page];
+  }
+  s.length = static_cast<int64_t>(s.pages.size()) * page_size;
+  s.offered = s.pages;
+  s.written.assign(options_.num_layers(), s.length);
+  s.tokens = std::move(ids);
+  const int64_t id = next_id_++;
+  const int64_t cached = s.length;
+  sequences_.emplace(id, std::move(s));
+  changed();
+  return PrefixHit{id, cached};
+}
+
+void PagedKVCache::add_tokens(int64_t sequence, const torch::Tensor& tokens) {
+  Sequence& s = find(sequence, kAddTokens);
+  const int64_t capacity = options_.num_pages() * options_.page_size();
+  std::vector<int64_t> ids = token_ids(tokens, capacity, kAddTokens);
+  TORCH_CHECK_VALUE(
+      static_cast<int64_t>(ids.size()) <= capacity - static_cast<int64_t>(s.tokens.size()),
+      kAddTokens, ": sequence ", sequence, " would know ", s.tokens.size() + ids.size(),
+      " tokens, more than the pool holds (", capacity, ")");
+  offer_written_pages();
+  s.tokens.insert(s.tokens.end(), ids.begin(), ids.end());
+  changed();
+}
+
 int64_t PagedKVCache::fork_sequence(int64_t parent) {
-  const Sequence copy = find(parent, "attention::PagedKVCache::fork_sequence");
+  find(parent, "attention::PagedKVCache::fork_sequence");
+  offer_written_pages();
+  const Sequence copy = sequences_.at(parent);
   for (const int64_t page : copy.pages) {
     if (page >= 0) ++references_[page];
   }
@@ -136,7 +230,9 @@ int64_t PagedKVCache::fork_sequence(int64_t parent) {
 }
 
 void PagedKVCache::free_sequence(int64_t sequence) {
-  const Sequence& s = find(sequence, "attention::PagedKVCache::free_sequence");
+  find(sequence, "attention::PagedKVCache::free_sequence");
+  offer_written_pages();  // a finished request's pages stay for the next
+  const Sequence& s = sequences_.at(sequence);
   for (const int64_t page : s.pages) {
     if (page >= 0) drop_page(page);
   }
@@ -159,10 +255,15 @@ void PagedKVCache::truncate(int64_t sequence, int64_t length) {
                       length - window + 1, ", and the window let positions before ", first_held,
                       " go");
   }
+  offer_written_pages();
   const int64_t keep = ceil_div(length, page_size);
   for (int64_t p = keep; p < static_cast<int64_t>(s.pages.size()); ++p) drop_page(s.pages[p]);
   s.pages.resize(keep);
   s.length = length;
+  // The tokens past `length` are no longer the sequence's (rejected, or to be written again).
+  s.tokens.resize(std::min<int64_t>(static_cast<int64_t>(s.tokens.size()), length));
+  s.offered.resize(std::min<int64_t>(static_cast<int64_t>(s.offered.size()), length / page_size));
+  for (int64_t& w : s.written) w = std::min(w, length);
   changed();
 }
 
@@ -217,7 +318,9 @@ PagedKVCache::Plan PagedKVCache::plan(const std::vector<int64_t>& sequences,
     if (count == 0) continue;
     if (s.length % page_size != 0) {
       const int64_t last = s.pages[s.length / page_size];
-      if (references(last) > 1) {  // shared: this sequence writes to a copy of its own
+      // Shared, or cached (offered to later sequences as it is): this sequence writes to a copy
+      // of its own.
+      if (references(last) > 1 || cached_.count(last) != 0) {
         entry.copy_last = true;
         ++dropped[last];
         ++plan.taken;
@@ -247,6 +350,8 @@ PagedBatch PagedKVCache::extend(const std::vector<int64_t>& sequences,
                     " and ", available, " of ", options_.num_pages(),
                     " are free (free finished sequences or make a larger pool); nothing was "
                     "changed");
+  // Changes no count the plan made (and no page a step copies: those are partly filled).
+  offer_written_pages();
   // Checked and counted: from here on nothing fails (but the allocation of the batch's small
   // tensors, made first).
   const int64_t page_size = options_.page_size();
@@ -344,14 +449,64 @@ void PagedKVCache::write(int64_t layer, const PagedBatch& batch, const torch::Te
   if (!quantized()) {
     scatter(pool_[0][layer], keys.detach().contiguous(), batch);
     scatter(pool_[1][layer], values.detach().contiguous(), batch);
-    return;
+  } else {
+    // Both quantized first: a failure leaves the pages as they were.
+    const detail::Int8Rows rows[2] = {detail::quantize_rows(keys), detail::quantize_rows(values)};
+    for (int64_t which = 0; which < 2; ++which) {
+      scatter(pool_[which][layer], rows[which].codes, batch);
+      scatter(scales_[which][layer].unsqueeze(-1), rows[which].scales.unsqueeze(-1), batch);
+    }
   }
-  // Both quantized first: a failure leaves the pages as they were.
-  const detail::Int8Rows rows[2] = {detail::quantize_rows(keys), detail::quantize_rows(values)};
-  for (int64_t which = 0; which < 2; ++which) {
-    scatter(pool_[which][layer], rows[which].codes, batch);
-    scatter(scales_[which][layer].unsqueeze(-1), rows[which].scales.unsqueeze(-1), batch);
+  // How far each sequence is written in this layer, from position 0 without a gap (a step whose
+  // write never came leaves one). Only this layer's count changes: writes of other layers may run
+  // on other threads meanwhile; the pages are offered at the cache's next change.
+  const int64_t* starts = batch.query_starts_.data_ptr<int64_t>();
+  const int64_t* lengths = batch.key_lengths_.data_ptr<int64_t>();
+  for (size_t i = 0; i < batch.sequences_.size(); ++i) {
+    int64_t& written = sequences_.at(batch.sequences_[i]).written[layer];
+    const int64_t from = lengths[i] - (starts[i + 1] - starts[i]);
+    if (written >= from) written = std::max(written, lengths[i]);
   }
+}
+
+void PagedKVCache::offer_written_pages() {
+  for (auto& entry : sequences_) offer_pages(entry.second);
+}
+
+void PagedKVCache::offer_pages(Sequence& s) {
+  const int64_t page_size = options_.page_size();
+  int64_t complete = std::min<int64_t>(s.length, static_cast<int64_t>(s.tokens.size()));
+  for (const int64_t w : s.written) complete = std::min(complete, w);
+  for (int64_t j = static_cast<int64_t>(s.offered.size()); (j + 1) * page_size <= complete; ++j) {
+    const int64_t page = s.pages[j];
+    if (page < 0) return;  // the window let it go: the run of offered pages ends
+    const int64_t parent = j == 0 ? -1 : s.offered[j - 1];
+    const int64_t* tokens = s.tokens.data() + j * page_size;
+    int64_t same = find_cached(parent, tokens);
+    if (same < 0) {
+      if (cached_.count(page) != 0) return;  // cached as another prefix: not this one's to offer
+      CachedPage c;
+      c.hash = page_hash(parent, tokens, page_size);
+      c.parent = parent;
+      c.tokens.assign(tokens, tokens + page_size);
+      by_hash_.emplace(c.hash, page);
+      cached_.emplace(page, std::move(c));
+      same = page;
+    }
+    s.offered.push_back(same);
+  }
+}
+
+void PagedKVCache::forget_page(int64_t page) {
+  const auto it = cached_.find(page);
+  const auto range = by_hash_.equal_range(it->second.hash);
+  for (auto h = range.first; h != range.second; ++h) {
+    if (h->second == page) {
+      by_hash_.erase(h);
+      break;
+    }
+  }
+  cached_.erase(it);
 }
 
 void PagedKVCache::scatter(torch::Tensor pool, const torch::Tensor& from,
@@ -425,6 +580,17 @@ int64_t PagedKVCache::free_pages() const {
   return free_count_;
 }
 
+int64_t PagedKVCache::cached_pages() const {
+  return static_cast<int64_t>(lru_.size());
+}
+
+bool PagedKVCache::page_cached(int64_t page) const {
+  TORCH_CHECK_VALUE(page >= 0 && page < options_.num_pages(),
+                    "attention::PagedKVCache::page_cached: expected a page in [0, ",
+                    options_.num_pages(), "), got ", page);
+  return cached_.count(page) != 0;
+}
+
 int64_t PagedKVCache::page_references(int64_t page) const {
   TORCH_CHECK_VALUE(page >= 0 && page < options_.num_pages(),
                     "attention::PagedKVCache::page_references: expected a page in [0, ",
@@ -440,15 +606,29 @@ int64_t PagedKVCache::take_page() {
     references_[page] = 1;
     return page;
   }
-  references_.push_back(1);  // a page never used before
-  return static_cast<int64_t>(references_.size()) - 1;
+  if (static_cast<int64_t>(references_.size()) < options_.num_pages()) {
+    references_.push_back(1);  // a page never used before
+    return static_cast<int64_t>(references_.size()) - 1;
+  }
+  // Every other free page is cached: the least recently used one is given back (no sequence
+  // holds an idle page), and found no more under its tokens.
+  const int64_t page = lru_.front();
+  lru_.pop_front();
+  forget_page(page);
+  references_[page] = 1;
+  return page;
 }
 
 void PagedKVCache::drop_page(int64_t page) {
-  if (--references_[page] == 0) {
+  if (--references_[page] != 0) return;
+  ++free_count_;
+  const auto cached = cached_.find(page);
+  if (cached == cached_.end()) {
     free_list_.push_back(page);
-    ++free_count_;
+    return;
   }
+  cached->second.idle = true;  // kept for a later sequence with the same tokens
+  cached->second.used = lru_.insert(lru_.end(), page);
 }
 
 void PagedKVCache::copy_page(int64_t from, int64_t to) {
