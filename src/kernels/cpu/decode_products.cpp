@@ -7,8 +7,8 @@
 // take up to four query rows at a time, each code widened once for all of them.
 
 #ifndef HWY_DISABLED_TARGETS
-// The x86 targets above AVX3 (bits 0 to 7) add instructions these loops do not use; SSSE3 has no
-// processors that SSE4's does not serve.
+// The x86 targets above AVX3 (bits 0 to 7) add instructions these loops do not use; processors
+// with SSSE3 and without SSE4 (before 2008) are not worth a compile of their own.
 #define HWY_DISABLED_TARGETS \
   (((1LL << 8) - 1) | HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
 #endif
