@@ -182,6 +182,27 @@ TEST_CASE("prefix caching: pages no sequence holds stay cached, and go least rec
   CHECK(cache.add_sequence(run_of(0, 5)).cached_tokens == 0);
 }
 
+TEST_CASE("prefix caching: a page given back and cached again under other tokens leads nowhere old",
+          "[paged_kv_cache]") {
+  PagedKVCache cache(options(3, 2, /*layers=*/1));
+  const auto first = cache.add_sequence(ids({0, 1, 2, 3}));
+  step(cache, first.sequence, 4);
+  const auto pages = cache.pages(first.sequence);
+  cache.extend({cache.add_sequence()}, {2});  // holds the third page
+  cache.free_sequence(first.sequence);        // both pages cached: [0, 1], then [2, 3] after it
+  // Another request takes the first page back from the cache and writes 9, 9 in it.
+  const auto second = cache.add_sequence(ids({9, 9, 2, 3, 5}));
+  CHECK(second.cached_tokens == 0);
+  step(cache, second.sequence, 2);
+  CHECK(cache.pages(second.sequence)[0] == pages[0]);
+  CHECK(cache.page_cached(pages[1]));  // still cached, after the old first page
+  // 9, 9 then 2, 3: the first page is found under its new tokens, and the old second page (whose
+  // keys followed 0, 1) is not found after it.
+  const auto third = cache.add_sequence(ids({9, 9, 2, 3, 5}));
+  CHECK(third.cached_tokens == 2);
+  CHECK(cache.add_sequence(ids({0, 1, 2, 3, 5})).cached_tokens == 0);
+}
+
 TEST_CASE("prefix caching: a page a sequence holds is never given back", "[paged_kv_cache]") {
   PagedKVCache cache(options(4, 2, /*layers=*/1));
   const auto first = cache.add_sequence(run_of(0, 5));

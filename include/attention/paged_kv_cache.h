@@ -247,16 +247,19 @@ class ATTENTION_API PagedKVCache {
     std::vector<int64_t> pages;  // -1 where released by the window
     int64_t released = 0;        // leading pages given back
     // Prefix caching: the token ids known from position 0, the tokens each layer has written from
-    // position 0 without a gap, and the cached page standing for each leading page offered so far
-    // (the sequence's own page, or the one cached before it with the same tokens).
+    // position 0 without a gap, and the serial of the cached page standing for each leading page
+    // offered so far (the sequence's own page, or the one cached before it with the same tokens).
     std::vector<int64_t> tokens;
     std::vector<int64_t> written;
-    std::vector<int64_t> offered;
+    std::vector<uint64_t> offered;
   };
-  // A cached page: its tokens and the cached page before it (-1 for a sequence's first page).
+  // A cached page: its serial, its tokens and the serial of the cached page before it (0 for a
+  // sequence's first page). Serials are never reused: a page given back and cached again under
+  // other tokens has a new one, so the pages cached after it before are found no more.
   struct CachedPage {
+    uint64_t serial = 0;
+    uint64_t parent = 0;
     uint64_t hash = 0;
-    int64_t parent = -1;
     std::vector<int64_t> tokens;
     bool idle = false;                  // in lru_: no sequence holds it
     std::list<int64_t>::iterator used;  // its place in lru_ when idle
@@ -272,7 +275,7 @@ class ATTENTION_API PagedKVCache {
   void copy_page(int64_t from, int64_t to);
   static std::vector<int64_t> token_ids(const torch::Tensor& tokens, int64_t capacity,
                                         const char* caller);
-  int64_t find_cached(int64_t parent, const int64_t* tokens) const;
+  int64_t find_cached(uint64_t parent, const int64_t* tokens) const;
   void offer_written_pages();
   void offer_pages(Sequence& s);
   void forget_page(int64_t page);
@@ -299,6 +302,7 @@ class ATTENTION_API PagedKVCache {
   std::unordered_map<int64_t, CachedPage> cached_;
   std::unordered_multimap<uint64_t, int64_t> by_hash_;
   std::list<int64_t> lru_;
+  uint64_t next_serial_ = 0;
 };
 
 }  // namespace attention

@@ -26,8 +26,8 @@ constexpr const char* kAddTokens = "attention::PagedKVCache::add_tokens";
 
 // A cached page's hash: the page before it and its tokens (FNV-1a over 64-bit words, each step
 // mixed). Only a first look: a match is confirmed by both.
-uint64_t page_hash(int64_t parent, const int64_t* tokens, int64_t count) {
-  uint64_t h = 14695981039346656037ull ^ static_cast<uint64_t>(parent);
+uint64_t page_hash(uint64_t parent, const int64_t* tokens, int64_t count) {
+  uint64_t h = 14695981039346656037ull ^ parent;
   for (int64_t i = 0; i < count; ++i) {
     h = (h ^ static_cast<uint64_t>(tokens[i])) * 1099511628211ull;
     h ^= h >> 29;
@@ -157,7 +157,7 @@ std::vector<int64_t> PagedKVCache::token_ids(const torch::Tensor& tokens, int64_
   return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
 }
 
-int64_t PagedKVCache::find_cached(int64_t parent, const int64_t* tokens) const {
+int64_t PagedKVCache::find_cached(uint64_t parent, const int64_t* tokens) const {
   const int64_t page_size = options_.page_size();
   const auto range = by_hash_.equal_range(page_hash(parent, tokens, page_size));
   for (auto it = range.first; it != range.second; ++it) {
@@ -176,12 +176,13 @@ PrefixHit PagedKVCache::add_sequence(const torch::Tensor& tokens) {
   Sequence s;
   // Whole pages, and never the last token: its query makes the next token's logits.
   const int64_t reusable = ids.empty() ? 0 : (static_cast<int64_t>(ids.size()) - 1) / page_size;
-  int64_t parent = -1;
+  uint64_t parent = 0;
   for (int64_t j = 0; j < reusable; ++j) {
     const int64_t page = find_cached(parent, ids.data() + j * page_size);
     if (page < 0) break;
     s.pages.push_back(page);
-    parent = page;
+    parent = cached_.at(page).serial;
+    s.offered.push_back(parent);
   }
   for (const int64_t page : s.pages) {
     CachedPage& c = cached_.at(page);
@@ -193,7 +194,6 @@ PrefixHit PagedKVCache::add_sequence(const torch::Tensor& tokens) {
     ++references_[page];
   }
   s.length = static_cast<int64_t>(s.pages.size()) * page_size;
-  s.offered = s.pages;
   s.written.assign(options_.num_layers(), s.length);
   s.tokens = std::move(ids);
   const int64_t id = next_id_++;
@@ -480,20 +480,22 @@ void PagedKVCache::offer_pages(Sequence& s) {
   for (int64_t j = static_cast<int64_t>(s.offered.size()); (j + 1) * page_size <= complete; ++j) {
     const int64_t page = s.pages[j];
     if (page < 0) return;  // the window let it go: the run of offered pages ends
-    const int64_t parent = j == 0 ? -1 : s.offered[j - 1];
+    const uint64_t parent = j == 0 ? 0 : s.offered[j - 1];
     const int64_t* tokens = s.tokens.data() + j * page_size;
-    int64_t same = find_cached(parent, tokens);
-    if (same < 0) {
-      if (cached_.count(page) != 0) return;  // cached as another prefix: not this one's to offer
-      CachedPage c;
-      c.hash = page_hash(parent, tokens, page_size);
-      c.parent = parent;
-      c.tokens.assign(tokens, tokens + page_size);
-      by_hash_.emplace(c.hash, page);
-      cached_.emplace(page, std::move(c));
-      same = page;
+    const int64_t same = find_cached(parent, tokens);
+    if (same >= 0) {
+      s.offered.push_back(cached_.at(same).serial);
+      continue;
     }
-    s.offered.push_back(same);
+    if (cached_.count(page) != 0) return;  // cached as another prefix: not this one's to offer
+    CachedPage c;
+    c.serial = ++next_serial_;
+    c.parent = parent;
+    c.hash = page_hash(parent, tokens, page_size);
+    c.tokens.assign(tokens, tokens + page_size);
+    by_hash_.emplace(c.hash, page);
+    s.offered.push_back(c.serial);
+    cached_.emplace(page, std::move(c));
   }
 }
 
