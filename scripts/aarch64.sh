@@ -84,7 +84,7 @@ if ! $full && (($# == 0)); then
   # The kernels' own tests (the bfloat16 products' among them) and the contract's (every option
   # at its extremes, NaN and infinite values) on the emulator's best route, then on NEON's and the
   # portable loops.
-  set -- -R '^(test_contract|test_chunked|test_cpu_softmax|test_cpu_decode_products|test_bf16_route|test_paged_attention|chunked\.(neon|portable)_softmax)$'
+  set -- -R '^(test_contract|test_chunked|test_cpu_softmax|test_cpu_decode_products|test_bf16_route|test_paged_attention|test_shared_prefix_attention|chunked\.(neon|portable)_softmax)$'
 fi
 (cd "$build" && ctest --output-on-failure -j "$JOBS" "$@")
 echo "aarch64.sh: took $((SECONDS - start)) s"

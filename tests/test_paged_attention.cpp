@@ -10,6 +10,7 @@
 #include <attention/paged_kv_cache.h>
 #include <attention/score_mod.h>
 
+#include "draft_trees.h"
 #include "helpers.h"
 #include "kernels/paged.h"
 
@@ -168,21 +169,10 @@ TEST_CASE("paged_attention: a tree of draft tokens over each prefix, a relative 
   // prefix and the drafts on its own branch of the tree (j's draft index shares i's parity, and
   // is no later).
   const std::vector<int64_t> t_q = {3, 1, 5}, t_k = {40, 17, 25};
-  const auto tree = [](int64_t queries, int64_t keys, int64_t i, int64_t j) {
-    const int64_t draft = j - (keys - queries);
-    return draft < 0 || (draft <= i && (i - draft) % 2 == 0);
-  };
-  const auto mask = attention::BlockMask::from_function(
-      [&](int64_t s, int64_t, int64_t i, int64_t j) { return tree(t_q[s], t_k[s], i, j); }, 3, 1, 5,
-      40, 8);
-  // Scores scaled by head and sequence: a tile's batch is its sequence (or `fixed`, for the
-  // sequence alone).
-  const auto scaled = [](int64_t fixed) {
-    return attention::ScoreMod([fixed](const torch::Tensor& x, const attention::ScoreTile& t) {
-      return x.mul(1 + 0.1 * static_cast<double>(t.head) +
-                   0.2 * static_cast<double>(fixed >= 0 ? fixed : t.batch));
-    });
-  };
+  const auto mask = test::draft_tree_mask(t_q, t_k, 8);
+  // Scores scaled by head and sequence: a tile's batch is its sequence (or the sequence's index,
+  // for the sequence alone).
+  const auto scaled = test::scaled_by_head_and_sequence;
   // Items of a few rows (one row at a time), and of 16 query heads per key/value head (matrix
   // products).
   for (const auto& [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{4, 2}, {16, 1}}) {
@@ -194,10 +184,8 @@ TEST_CASE("paged_attention: a tree of draft tokens over each prefix, a relative 
     std::vector<torch::Tensor> parts;
     int64_t q0 = 0;
     for (size_t s = 0; s < t_q.size(); ++s) {
-      const int64_t n = t_q[s], m = t_k[s];
-      const auto own = attention::BlockMask::from_function(
-          [&, n, m](int64_t, int64_t, int64_t i, int64_t j) { return tree(n, m, i, j); }, 1, 1, n,
-          m, 8);
+      const int64_t n = t_q[s];
+      const auto own = test::draft_tree_mask({n}, {t_k[s]}, 8);
       parts.push_back(F::scaled_dot_product_attention(
                           c.query.narrow(0, q0, n).transpose(0, 1), c.keys[s], c.values[s],
                           O(base)

@@ -306,7 +306,8 @@ torch::Tensor paged_attention(const torch::Tensor& query, const torch::Tensor& k
   if (in_place) {
     last = Path::ChunkedFused;
     return kernels::paged_forward(p, query, key_pages, value_pages,
-                                  kernels::paged_table(page_table), 0, key_scales, value_scales);
+                                  kernels::paged_table(page_table), 0, key_scales, value_scales,
+                                  kernels::paged_shares_prefixes());
   }
   if (!quantized) {
     const auto table = kernels::paged_table(page_table);

@@ -53,11 +53,16 @@ bool paged_forward_applies(const torch::Tensor& query);
 /// 8-bit pages (int8, with float queries or bfloat16 ones) come with their rows' scales,
 /// key_scales (num_pages, Hkv, P) and value_scales alike, float: a key is its codes times its
 /// scale. Undefined for pages of the queries' dtype.
+///
+/// Sequences whose tables begin with the same pages (find_shared_prefixes) meet those pages in
+/// items of their own, each holding rows of several sequences, merged with each sequence's own
+/// keys through the log-sum-exp (cascade attention); `share_prefixes` false reads every
+/// sequence's pages on their own (to compare).
 torch::Tensor paged_forward(const Problem& p, const torch::Tensor& query,
                             const torch::Tensor& key_pages, const torch::Tensor& value_pages,
                             const torch::Tensor& table, int64_t num_splits = 0,
                             const torch::Tensor& key_scales = {},
-                            const torch::Tensor& value_scales = {});
+                            const torch::Tensor& value_scales = {}, bool share_prefixes = true);
 
 /// How many parts the calling thread's last paged_forward() split each item's keys into (1: no
 /// split; 0: no call yet). For tests and diagnostics.
@@ -67,6 +72,14 @@ int64_t paged_forward_last_parts();
 /// route of items whose rows (query heads of a key/value head x queries) are a multiple of 16, on
 /// the tiles all of an item's rows see whole. For tests and diagnostics.
 int64_t paged_forward_last_matrix_tiles();
+
+/// Whether paged_attention() stacks shared prefixes (paged_forward's `share_prefixes`): yes,
+/// unless ATTENTION_CPU_SHARED_PREFIXES=off, read once per process (to compare).
+bool paged_shares_prefixes();
+
+/// How many rows the calling thread's last paged_forward() stacked into shared prefixes' items
+/// (0: none shared). For tests and diagnostics.
+int64_t paged_forward_last_shared_rows();
 
 }  // namespace kernels
 }  // namespace attention

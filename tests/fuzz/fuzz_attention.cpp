@@ -365,7 +365,8 @@ void draw_8bit_rows(Bytes& in, const torch::Tensor& codes, const torch::Tensor& 
 
 // Keys and values in the pages of a cache: functional::paged_attention against each sequence
 // alone (its keys gathered from its pages) through scaled_dot_product_attention on Math in
-// float64. The pages in shuffled order, pages no sequence holds full of NaN (a kernel that reads
+// float64. The pages in shuffled order, some sequences beginning with an earlier one's pages
+// (shared prefixes, in any order), pages no sequence holds full of NaN (a kernel that reads
 // a wrong page shows), the table's entries past a sequence's length -1 or an extreme; groups of
 // 16 query heads and chunks of 16 queries or more take the kernel's matrix products, and two
 // threads its split of the keys. Now and then a length is broken (every backend must refuse it)
@@ -427,7 +428,16 @@ void check_paged(const uint8_t* data, size_t size) {
   int64_t next = 0;
   for (int64_t s = 0; s < count; ++s) {
     const int64_t needed = (lk[s] + page_size - 1) / page_size;
+    // Half the time a sequence begins with some of an earlier one's pages (a cached prefix, a
+    // fork): the kernel stacks those pages' rows across the sharers.
+    const int64_t from = s > 0 && in.below(2) == 0 ? in.below(s) : -1;
+    const int64_t shared =
+        from < 0 ? 0 : in.below(std::min(needed, (lk[from] + page_size - 1) / page_size) + 1);
     for (int64_t j = 0; j < needed; ++j) {
+      if (j < shared) {
+        table[s][j] = table[from][j];
+        continue;
+      }
       const int64_t page = order[next++];
       table[s][j] = page;
       if (eight_bit) {

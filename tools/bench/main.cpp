@@ -18,6 +18,9 @@
 //                               contiguous keys, as keys and values read per second)
 //           paged-prefill      (a prompt chunk over a paged cache, and over contiguous keys
 //                               through varlen_attention)
+//           shared-prefix      (32 requests sharing a prompt: admitted with prefix caching and
+//                               without, and their decoding step over the shared pages and over
+//                               pages of their own)
 //           block-mask:T       (building a document mask with causal attention inside each
 //                               document, by its builders and from a mask function, beside the
 //                               causal attention call it serves)
@@ -916,6 +919,123 @@ void bench_paged_decode() {
   }
 }
 
+// Requests that share a prompt: 32 of them, a prompt of 2048 tokens and 64 tokens of each
+// request's own (32 query heads on 8 key/value heads of 128 features, and on 1; pages of 16
+// tokens), float32 and bfloat16.
+// (a) Admitting them: each request's new tokens' keys and values written into a PagedKVCache
+//     and its prompt chunk attended (causal), with prefix caching (the first request computes
+//     the prompt, the others find its pages and compute their own 64 tokens) against without
+//     (every request computes all 2112); the pages each cache holds afterwards. The projections
+//     are left out: the keys and values are random.
+// (b) A decoding step of the 32 at position 2112, in the same caches: the prompt's pages shared
+//     by every sequence, read once for all of them (the prefix's rows stacked), against every
+//     sequence's own copy of them; and the shared pages read once per sequence, without the
+//     stacking (every sequence but the first given a copy of the first page, so that no two
+//     tables begin alike, the other 127 pages still shared: what the kernel did before it
+//     stacked, all but one page). The bytes each reads against the least a step can read (the
+//     prompt once and each sequence's own tokens).
+void bench_shared_prefix() {
+  torch::NoGradGuard no_grad;
+  const int64_t requests = 32, prompt = settings.quick ? 256 : 2048, own = 64;
+  const int64_t heads = 32, d = 128, page = 16, total = prompt + own;
+  const auto causal = F::ScaledDotProductAttentionOptions().is_causal(true);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::string type = dtype == torch::kFloat ? "float32" : "bfloat16";
+    for (const int64_t kv_heads : {8, 1}) {
+      progress(fmt::format("shared-prefix {} kv_heads {}", type, kv_heads));
+      torch::manual_seed(0);
+      const auto prompt_tokens = torch::arange(prompt, torch::kLong);
+      const auto q = torch::randn({total + 1, heads, d}).to(dtype);
+      const auto k = torch::randn({total + 1, kv_heads, d}).to(dtype);
+      const auto v = torch::randn({total + 1, kv_heads, d}).to(dtype);
+      const int64_t per_sequence = (total + 1 + page - 1) / page;
+      const auto cache_options =
+          attention::PagedKVCacheOptions(requests * per_sequence, page, kv_heads, d).dtype(dtype);
+      // Admits every request into a fresh cache; returns it with its sequences.
+      const auto admit = [&](bool prefix_caching, std::vector<int64_t>& sequences) {
+        auto cache = std::make_unique<attention::PagedKVCache>(cache_options);
+        sequences.clear();
+        for (int64_t r = 0; r < requests; ++r) {
+          const auto tokens =
+              torch::cat({prompt_tokens, torch::arange(own, torch::kLong) + 100000 * (r + 1)});
+          int64_t sequence = 0, cached = 0;
+          if (prefix_caching) {
+            const auto hit = cache->add_sequence(tokens);
+            sequence = hit.sequence;
+            cached = hit.cached_tokens;
+          } else {
+            sequence = cache->add_sequence();
+          }
+          const int64_t fresh = total - cached;
+          const auto batch = cache->extend({sequence}, {fresh});
+          cache->write(0, batch, k.narrow(0, cached, fresh), v.narrow(0, cached, fresh));
+          F::paged_attention(q.narrow(0, cached, fresh), cache->keys(0), cache->values(0),
+                             batch.query_starts(), batch.key_lengths(), batch.page_table(), causal);
+          sequences.push_back(sequence);
+        }
+        return cache;
+      };
+      std::vector<int64_t> sequences;
+      const int repeats = std::max(1, settings.repeats / 2);
+      const double admit_shared = median_ms([&] { admit(true, sequences); }, repeats);
+      const double admit_alone = median_ms([&] { admit(false, sequences); }, repeats);
+      const std::string impl = fmt::format("cpp.{}.kv{}", type, kv_heads);
+      record("shared-prefix", impl + ".admit_prefix_caching", "forward", total, admit_shared, 0);
+      record("shared-prefix", impl + ".admit_alone", "forward", total, admit_alone, 0);
+      // The decoding step, in each cache.
+      const double row_bytes = 2.0 * kv_heads * d * static_cast<double>(q.element_size());
+      double step_ms[3] = {0, 0, 0};  // stacked, own pages, shared pages unstacked
+      int64_t held[2] = {0, 0};
+      for (const bool prefix_caching : {true, false}) {
+        const auto cache = admit(prefix_caching, sequences);
+        const auto batch = cache->extend(sequences, std::vector<int64_t>(requests, 1));
+        cache->write(0, batch, k.narrow(0, 0, requests), v.narrow(0, 0, requests));
+        const auto step_q = q.narrow(0, 0, requests);
+        const auto keys = cache->keys(0), values = cache->values(0);
+        const auto step = [&](const torch::Tensor& table) {
+          return median_ms(
+              [&] {
+                F::paged_attention(step_q, keys, values, batch.query_starts(), batch.key_lengths(),
+                                   table, causal);
+              },
+              settings.repeats * 4);
+        };
+        step_ms[prefix_caching ? 0 : 1] = step(batch.page_table());
+        held[prefix_caching ? 0 : 1] = cache->options().num_pages() - cache->free_pages();
+        if (!prefix_caching) continue;
+        // Each sequence after the first starts on a copy of the first page, in a page no
+        // sequence holds (the pool has room for every request's own copy).
+        auto table = batch.page_table().clone();
+        int64_t spare = cache->options().num_pages() - 1;
+        for (int64_t r = 1; r < requests; ++r, --spare) {
+          const int64_t first = table[r][0].item<int64_t>();
+          keys[spare].copy_(keys[first]);
+          values[spare].copy_(values[first]);
+          table[r][0] = spare;
+        }
+        step_ms[2] = step(table);
+      }
+      const double least = (prompt + requests * (own + 1.0)) * row_bytes;
+      // Scores and weighted values: 4 d flop per query head and key.
+      const double flop = 4.0 * d * heads * requests * (total + 1.0);
+      const double each = requests * (total + 1.0) * row_bytes;
+      record_rate("shared-prefix", impl + ".step_shared_pages", total + 1, step_ms[0], least);
+      record_rate("shared-prefix", impl + ".step_own_pages", total + 1, step_ms[1], each);
+      record_rate("shared-prefix", impl + ".step_shared_pages_unstacked", total + 1, step_ms[2],
+                  each);
+      progress(fmt::format(
+          "shared-prefix {} kv{}: admitting {} requests {:.1f} ms with prefix caching, {:.1f} "
+          "without = {:.3f}; pages held {} against {}; decoding step {:.3f} ms over shared "
+          "pages, {:.3f} over own pages = {:.3f} (target <= 0.25), {:.3f} over shared pages "
+          "unstacked = {:.3f}; bytes read at least {:.1f} MB against {:.1f} = {:.3f}; the "
+          "stacked step {:.1f} GFLOP/s",
+          type, kv_heads, requests, admit_shared, admit_alone, admit_shared / admit_alone, held[0],
+          held[1], step_ms[0], step_ms[1], step_ms[0] / step_ms[1], step_ms[2],
+          step_ms[0] / step_ms[2], least / 1e6, each / 1e6, least / each, flop / step_ms[0] / 1e6));
+    }
+  }
+}
+
 // A prompt chunk through the pages of a cache (what a serving step that admits a long prompt
 // runs): one sequence, 32 query heads on 8 key/value heads of 128 features, causal, float32;
 // C new tokens after P cached ones, the keys in pages of 16 tokens in shuffled order. Beside it,
@@ -1393,7 +1513,8 @@ int main(int argc, char** argv) {
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
-          "        read-rate paged-decode paged-prefill block-mask:T block-attention:T\n"
+          "        read-rate paged-decode paged-prefill shared-prefix block-mask:T\n"
+          "        block-attention:T\n"
           "        mla-decode deltanet dsa:T auto zoo-layer\n");
       return 0;
     } else {
@@ -1444,6 +1565,8 @@ int main(int argc, char** argv) {
       bench_dsa(std::stoll(g.substr(4)));
     } else if (g == "paged-prefill") {
       bench_paged_prefill();
+    } else if (g == "shared-prefix") {
+      bench_shared_prefix();
     } else if (g.rfind("block-mask:", 0) == 0) {
       bench_block_mask(std::stoll(g.substr(11)));
     } else if (g.rfind("block-attention:", 0) == 0) {

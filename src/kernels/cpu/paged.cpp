@@ -14,6 +14,7 @@
 #include "kernels/cpu/decode_products.h"
 #include "kernels/cpu/softmax_step.h"
 #include "kernels/cpu/tile.h"
+#include "kernels/shared_prefix.h"
 #include "memory/tile_pool.h"
 
 #include <ATen/Parallel.h>
@@ -21,9 +22,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -35,6 +38,7 @@ using torch::Tensor;
 
 thread_local int64_t last_parts = 0;
 thread_local int64_t last_matrix_tiles = 0;
+thread_local int64_t last_shared_rows = 0;
 
 // Keys per tile of scores: of the one-row products, and of the matrix products (larger: each
 // product's fixed costs, the transposes and the softmax step's calls, are spread over more keys).
@@ -148,13 +152,22 @@ void prefetch_rows(const In* const* rows, int64_t count, int64_t width) {
   }
 }
 
-// Rows r of an item are (query head g of the key/value head, query i0 + q), r = g * nq + q.
+// Rows r of a sequence's item are (query head g of the key/value head, query i0 + q),
+// r = g * nq + q. A shared prefix's item instead holds rows of several sequences' items (listed
+// from `first_row` on in the kernel's shared_rows_), against the keys of their common pages.
 struct PagedItem {
   int64_t sequence, kv, i0, nq;
   int64_t base;                // the unsplit item this is a part of
   int64_t part;                // which part of its keys
   int64_t key_begin, key_end;  // the part's keys, counted in the sequence
   double cost;
+  int64_t rows = 0;
+  int64_t first_row = -1;  // >= 0: a shared prefix's item
+};
+
+// A row of a shared prefix's item: row `row` of the sequence's item bases_[base].
+struct SharedRow {
+  int64_t base, row;
 };
 
 template <typename In, typename Acc>
@@ -162,7 +175,7 @@ class PagedForward {
  public:
   PagedForward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& k_scales,
                const Tensor& v, const Tensor& v_scales, const Tensor& out, const Tensor& table,
-               int64_t num_splits)
+               int64_t num_splits, bool share_prefixes)
       : p_(p),
         q_(q),
         out_(out),
@@ -170,7 +183,8 @@ class PagedForward {
         v_(v, v_scales),
         table_(table.data_ptr<int64_t>()),
         table_ld_(table.size(1)),
-        num_splits_(num_splits) {
+        num_splits_(num_splits),
+        share_prefixes_(share_prefixes) {
     if constexpr (std::is_same_v<Acc, float>) {
       const cpu::DecodeProducts* set = cpu::decode_products();
       if (set != nullptr && p.d % set->lanes == 0 && p.dv % set->lanes == 0) products_ = set;
@@ -186,14 +200,17 @@ class PagedForward {
     make_items();
     last_parts = parts_;
     last_matrix_tiles = 0;
+    last_shared_rows = static_cast<int64_t>(shared_rows_.size());
     if (items_.empty()) return;
-    partials_.resize(parts_ > 1 ? partial_offset_.back() : 0);
+    partials_.resize(partial_offset_.back());
     cpu::run_dearest_first(
         items_, [&] { return Buffers(p_, max_rows_, matrix_items_); },
         [&](const PagedItem& item, Buffers& w) { run_item(item, w); });
-    if (parts_ > 1) {
+    if (partial_offset_.back() > 0) {
       at::parallel_for(0, static_cast<int64_t>(bases_.size()), 1, [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; ++b) merge(b);
+        for (int64_t b = b0; b < b1; ++b) {
+          if (slots(b) > 1) merge(b);
+        }
       });
     }
     last_matrix_tiles = matrix_tiles_.load();
@@ -224,29 +241,108 @@ class PagedForward {
           }
           const int64_t begin = keys_begin(one, i0);
           const int64_t end = std::max(begin, keys_end(one, i0, nq));
-          bases_.push_back({s, kv, i0, nq, static_cast<int64_t>(bases_.size()), 0, begin, end, 0});
-          max_rows_ = std::max(max_rows_, p_.g * nq);
-          matrix_items_ = matrix_items_ || takes_matrices(p_.g * nq);
+          PagedItem base{s, kv, i0, nq, static_cast<int64_t>(bases_.size()), 0, begin, end, 0};
+          base.rows = p_.g * nq;
+          bases_.push_back(base);
+          max_rows_ = std::max(max_rows_, base.rows);
+          matrix_items_ = matrix_items_ || takes_matrices(base.rows);
         }
       }
     }
+    shared_base_.assign(bases_.size(), 0);
+    if (share_prefixes_) stack_shared_prefixes();
     parts_ = parts_for();
+    for (const auto* units : {&bases_, &shared_}) {
+      for (const PagedItem& unit : *units) split(unit);
+    }
+    // Where each item of a sequence keeps its rows' states for the merge: one slot per part of
+    // its own keys, and one per part of its shared prefix's. An item of one slot writes its
+    // output directly.
     partial_offset_.push_back(0);
-    for (const PagedItem& base : bases_) {
-      const int64_t keys = base.key_end - base.key_begin;
-      const int64_t span = (keys + parts_ - 1) / parts_;
-      const int64_t chunk =
-          std::max<int64_t>(kPartGranule, (span + kPartGranule - 1) / kPartGranule * kPartGranule);
-      for (int64_t c = 0; c < parts_; ++c) {
-        PagedItem item = base;
-        item.part = c;
-        item.key_begin = std::min(base.key_end, base.key_begin + c * chunk);
-        item.key_end = std::min(base.key_end, item.key_begin + chunk);
-        item.cost = static_cast<double>(item.key_end - item.key_begin + kPartGranule) *
-                    static_cast<double>(p_.g * item.nq);
-        items_.push_back(item);
+    for (int64_t b = 0; b < static_cast<int64_t>(bases_.size()); ++b) {
+      const int64_t slots_b = slots(b);
+      partial_offset_.push_back(partial_offset_.back() +
+                                (slots_b > 1 ? slots_b * bases_[b].rows * (p_.dv + 2) : 0));
+    }
+  }
+
+  // A unit's items: its keys in parts_ parts.
+  void split(const PagedItem& unit) {
+    const int64_t keys = unit.key_end - unit.key_begin;
+    const int64_t span = (keys + parts_ - 1) / parts_;
+    const int64_t chunk =
+        std::max<int64_t>(kPartGranule, (span + kPartGranule - 1) / kPartGranule * kPartGranule);
+    for (int64_t c = 0; c < parts_; ++c) {
+      PagedItem item = unit;
+      item.part = c;
+      item.key_begin = std::min(unit.key_end, unit.key_begin + c * chunk);
+      item.key_end = std::min(unit.key_end, item.key_begin + chunk);
+      item.cost = static_cast<double>(item.key_end - item.key_begin + kPartGranule) *
+                  static_cast<double>(item.rows);
+      items_.push_back(item);
+    }
+  }
+
+  // The slots of sequence item b's rows' states.
+  int64_t slots(int64_t b) const { return parts_ * (shared_base_[static_cast<size_t>(b)] ? 2 : 1); }
+
+  // Cascade attention: where sequences of the step begin with the same pages (a cached prefix, or
+  // forks), their items' rows of one key/value head are stacked into items of the shared
+  // prefix (up to kMatrixItemRows rows, a multiple of the matrix products' granule where there
+  // are that many), which read each of its keys and values once for all of them, in matrix
+  // products; the sequences' own items keep the keys after it. Each row still sees only what
+  // its own sequence lets it see (causality, window, masks), row by row.
+  void stack_shared_prefixes() {
+    const int64_t count = p_.sequences->count();
+    std::vector<KeyRange> keys(static_cast<size_t>(count));
+    for (int64_t s = 0; s < count; ++s) {
+      const Problem& one = problems_[static_cast<size_t>(s)];
+      if (one.t_q > 0 && one.t_k > 0) {
+        keys[static_cast<size_t>(s)] = {visible_begin(one, 0), visible_end(one, one.t_q - 1)};
       }
-      partial_offset_.push_back(partial_offset_.back() + parts_ * p_.g * base.nq * (p_.dv + 2));
+    }
+    const std::vector<SharedPrefix> prefixes =
+        find_shared_prefixes(table_, count, table_ld_, k_.page_size, keys);
+    if (prefixes.empty()) return;
+    // The items of sequence s are bases_[first_base[s], first_base[s + 1]).
+    std::vector<int64_t> first_base(static_cast<size_t>(count) + 1, 0);
+    for (const PagedItem& b : bases_) ++first_base[static_cast<size_t>(b.sequence) + 1];
+    std::partial_sum(first_base.begin(), first_base.end(), first_base.begin());
+    for (const SharedPrefix& prefix : prefixes) {
+      const int64_t shared_keys = prefix.pages * k_.page_size;
+      for (int64_t kv = 0; kv < p_.n; ++kv) {
+        const int64_t first_row = static_cast<int64_t>(shared_rows_.size());
+        for (const int64_t s : prefix.sequences) {
+          for (int64_t b = first_base[static_cast<size_t>(s)];
+               b < first_base[static_cast<size_t>(s) + 1]; ++b) {
+            PagedItem& base = bases_[static_cast<size_t>(b)];
+            if (base.kv != kv || base.key_begin >= shared_keys) continue;
+            for (int64_t r = 0; r < base.rows; ++r) shared_rows_.push_back({b, r});
+            shared_base_[static_cast<size_t>(b)] = 1;
+            base.key_begin = shared_keys;
+            base.key_end = std::max(base.key_end, base.key_begin);
+          }
+        }
+        const int64_t total = static_cast<int64_t>(shared_rows_.size()) - first_row;
+        for (int64_t r0 = 0, rows = 0; r0 < total; r0 += rows) {
+          rows = std::min(kMatrixItemRows, total - r0);
+          if (rows >= kMatrixRows) rows = rows / kMatrixRows * kMatrixRows;
+          PagedItem unit{prefix.sequences.front(),
+                         kv,
+                         0,
+                         0,
+                         static_cast<int64_t>(shared_.size()),
+                         0,
+                         0,
+                         shared_keys,
+                         0};
+          unit.rows = rows;
+          unit.first_row = first_row + r0;
+          shared_.push_back(unit);
+          max_rows_ = std::max(max_rows_, rows);
+          matrix_items_ = matrix_items_ || takes_matrices(rows);
+        }
+      }
     }
   }
 
@@ -263,11 +359,13 @@ class PagedForward {
   // thread has one, keeping at least kMinPartKeys keys in a part of the longest item.
   int64_t parts_for() const {
     int64_t longest = 0;
-    for (const PagedItem& b : bases_) longest = std::max(longest, b.key_end - b.key_begin);
+    for (const auto* units : {&bases_, &shared_}) {
+      for (const PagedItem& b : *units) longest = std::max(longest, b.key_end - b.key_begin);
+    }
     const int64_t most = std::max<int64_t>(1, (longest + kPartGranule - 1) / kPartGranule);
     if (num_splits_ > 0) return std::min(num_splits_, most);
     const int64_t threads = at::get_num_threads();
-    const int64_t bases = static_cast<int64_t>(bases_.size());
+    const int64_t bases = static_cast<int64_t>(bases_.size() + shared_.size());
     if (bases == 0 || bases >= threads) return 1;
     const int64_t wanted = (threads + bases - 1) / bases;
     return std::clamp<int64_t>(std::min(wanted, longest / kMinPartKeys), 1, most);
@@ -285,6 +383,8 @@ class PagedForward {
     float *k_scale, *v_scale;  // the tile's rows' scales (8-bit pages)
     int64_t* lo;
     int64_t* hi;
+    // Each row's sequence, query head and query (counted in its sequence).
+    int64_t *sequence, *head, *query;
     Acc *q_t = nullptr, *keys = nullptr, *values = nullptr, *s_t = nullptr, *scratch = nullptr;
     Buffers(const Problem& p, int64_t rows, bool matrix)
         : lease(bytes(p, rows, matrix)),
@@ -298,7 +398,10 @@ class PagedForward {
           k_scale(lease.take<float>(kMatrixKeyTile)),
           v_scale(lease.take<float>(kMatrixKeyTile)),
           lo(lease.take<int64_t>(rows)),
-          hi(lease.take<int64_t>(rows)) {
+          hi(lease.take<int64_t>(rows)),
+          sequence(lease.take<int64_t>(rows)),
+          head(lease.take<int64_t>(rows)),
+          query(lease.take<int64_t>(rows)) {
       if (!matrix) return;
       q_t = lease.take<Acc>(p.d * rows);
       keys = lease.take<Acc>(kMatrixKeys * p.d);
@@ -312,7 +415,7 @@ class PagedForward {
       size_t total = L::tile_bytes<Acc>(rows * p.dv) + 2 * L::tile_bytes<Acc>(rows) +
                      L::tile_bytes<Acc>(rows * p.d) + L::tile_bytes<Acc>(rows * kScoresLd) +
                      2 * L::tile_bytes<const In*>(kMatrixKeyTile) +
-                     2 * L::tile_bytes<float>(kMatrixKeyTile) + 2 * L::tile_bytes<int64_t>(rows);
+                     2 * L::tile_bytes<float>(kMatrixKeyTile) + 5 * L::tile_bytes<int64_t>(rows);
       if (matrix) {
         total += L::tile_bytes<Acc>(p.d * rows) + L::tile_bytes<Acc>(kMatrixKeys * p.d) +
                  L::tile_bytes<Acc>(kMatrixKeys * p.dv) + L::tile_bytes<Acc>(kMatrixKeys * rows) +
@@ -323,40 +426,67 @@ class PagedForward {
   };
 
   void run_item(const PagedItem& it, Buffers& w) {
-    const int64_t rows = p_.g * it.nq;
+    const int64_t rows = it.rows, width = p_.dv + 2;
+    describe_rows(it, w);
     std::fill(w.acc, w.acc + rows * p_.dv, Acc(0));
     std::fill(w.max, w.max + rows, -std::numeric_limits<Acc>::infinity());
     std::fill(w.sum, w.sum + rows, Acc(0));
     if (it.key_end > it.key_begin) attend(it, w);
-    if (parts_ == 1) {
-      const int64_t q0 = p_.sequences->query_begin(it.sequence);
+    if (it.first_row < 0 && slots(it.base) == 1) {
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t m = it.kv * p_.g + r / it.nq, i = q0 + it.i0 + r % it.nq;
-        write_row(m, i, w.acc + r * p_.dv, w.max[r], w.sum[r]);
+        const int64_t i = p_.sequences->query_begin(w.sequence[r]) + w.query[r];
+        write_row(w.head[r], i, w.acc + r * p_.dv, w.max[r], w.sum[r]);
       }
       return;
     }
-    // Kept for the merge: the part's rows, each (values..., maximum, sum).
-    Acc* to = partials_.data() + partial_offset_[it.base] + it.part * rows * (p_.dv + 2);
+    // Kept for the merge: each row's state (values..., maximum, sum) in its slot, after the
+    // parts of its sequence item's own keys for a shared prefix's item.
     for (int64_t r = 0; r < rows; ++r) {
-      std::copy(w.acc + r * p_.dv, w.acc + (r + 1) * p_.dv, to + r * (p_.dv + 2));
-      to[r * (p_.dv + 2) + p_.dv] = w.max[r];
-      to[r * (p_.dv + 2) + p_.dv + 1] = w.sum[r];
+      int64_t base = it.base, row = r, slot = it.part;
+      if (it.first_row >= 0) {
+        const SharedRow& shared = shared_rows_[static_cast<size_t>(it.first_row + r)];
+        base = shared.base;
+        row = shared.row;
+        slot = parts_ + it.part;
+      }
+      Acc* to = partials_.data() + partial_offset_[static_cast<size_t>(base)] +
+                (slot * bases_[static_cast<size_t>(base)].rows + row) * width;
+      std::copy(w.acc + r * p_.dv, w.acc + (r + 1) * p_.dv, to);
+      to[p_.dv] = w.max[r];
+      to[p_.dv + 1] = w.sum[r];
+    }
+  }
+
+  // Each row's sequence, query head and query.
+  void describe_rows(const PagedItem& it, Buffers& w) const {
+    for (int64_t r = 0; r < it.rows; ++r) {
+      const PagedItem* base = &it;
+      int64_t row = r;
+      if (it.first_row >= 0) {
+        const SharedRow& shared = shared_rows_[static_cast<size_t>(it.first_row + r)];
+        base = &bases_[static_cast<size_t>(shared.base)];
+        row = shared.row;
+      }
+      w.sequence[r] = base->sequence;
+      w.head[r] = base->kv * p_.g + row / base->nq;
+      w.query[r] = base->i0 + row % base->nq;
     }
   }
 
   // The item's keys, a tile at a time: each key and value read once from its page for all rows.
   // An item of many rows takes, in each tile, the columns every row sees in matrix products, and
   // the columns some rows do not (across the causal diagonal or a window's edge) one row at a time.
+  //
+  // A shared prefix's item reads the pages through its first sequence's table: every sharer's
+  // holds the same pages there.
   void attend(const PagedItem& it, Buffers& w) const {
     const Problem& ps = problems_[it.sequence];
     const int64_t* table = table_ + it.sequence * table_ld_;
-    const int64_t q0 = p_.sequences->query_begin(it.sequence);
-    const int64_t rows = p_.g * it.nq, d = p_.d;
+    const int64_t rows = it.rows, d = p_.d;
     const Acc scale = static_cast<Acc>(p_.scale);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t m = it.kv * p_.g + r / it.nq, i = q0 + it.i0 + r % it.nq;
-      const Acc* from = q_.row(m, i);
+      const int64_t i = p_.sequences->query_begin(w.sequence[r]) + w.query[r];
+      const Acc* from = q_.row(w.head[r], i);
       for (int64_t c = 0; c < d; ++c) w.q[r * d + c] = from[c] * scale;
     }
     if (!takes_matrices(rows)) {
@@ -371,9 +501,9 @@ class PagedForward {
       // The columns [begin, end) of the tile that every row sees.
       int64_t begin = 0, end = cols;
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = it.i0 + r % it.nq;
-        begin = std::max(begin, visible_begin(ps, i) - j0);
-        end = std::min(end, visible_end(ps, i) - j0);
+        const Problem& own = problems_[w.sequence[r]];
+        begin = std::max(begin, visible_begin(own, w.query[r]) - j0);
+        end = std::min(end, visible_end(own, w.query[r]) - j0);
       }
       if (end - begin < cpu::kSmallGemmGranule) {
         row_tile(it, w, ps, table, j0, cols);
@@ -388,13 +518,13 @@ class PagedForward {
   // Keys [j0, j0 + cols) against every row of the item, one row at a time.
   void row_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
                 int64_t j0, int64_t cols) const {
-    const int64_t rows = p_.g * it.nq, d = p_.d, dv = p_.dv, ld = kScoresLd;
+    const int64_t rows = it.rows, d = p_.d, dv = p_.dv, ld = kScoresLd;
     // Each row's columns: the keys of the tile it sees.
     int64_t lo = cols, hi = 0;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = it.i0 + r % it.nq;
-      w.lo[r] = std::clamp<int64_t>(visible_begin(ps, i) - j0, 0, cols);
-      w.hi[r] = std::clamp<int64_t>(visible_end(ps, i) - j0, w.lo[r], cols);
+      const Problem& own = problems_[w.sequence[r]];
+      w.lo[r] = std::clamp<int64_t>(visible_begin(own, w.query[r]) - j0, 0, cols);
+      w.hi[r] = std::clamp<int64_t>(visible_end(own, w.query[r]) - j0, w.lo[r], cols);
       if (w.hi[r] > w.lo[r]) {
         lo = std::min(lo, w.lo[r]);
         hi = std::max(hi, w.hi[r]);
@@ -437,8 +567,7 @@ class PagedForward {
       const int64_t a = w.lo[r], b = w.hi[r];
       Acc* s = w.s + r * ld;
       if (b > a) {
-        const int64_t m = it.kv * p_.g + r / it.nq, i = it.i0 + r % it.nq;
-        if (modifies(ps)) prepare_row(it, ps, m, i, j0 + a, b - a, s + a);
+        if (modifies(ps)) prepare_row(w, r, j0 + a, b - a, s + a);
         if (!uniform) {
           cpu::online_softmax_step(s + a, 1, b - a, ld, false, 0, w.max + r, w.sum + r,
                                    w.acc + r * dv, dv, dv);
@@ -475,13 +604,13 @@ class PagedForward {
     return ps.transforms_scores() || relative_.defined() || !blocks_.empty();
   }
 
-  // That, on the scores `s` of row (m, i) of the item's sequence against keys [j0, j0 + cols).
-  void prepare_row(const PagedItem& it, const Problem& ps, int64_t m, int64_t i, int64_t j0,
-                   int64_t cols, Acc* s) const {
+  // That, on the scores `s` of the item's row r against keys [j0, j0 + cols) of its sequence.
+  void prepare_row(const Buffers& w, int64_t r, int64_t j0, int64_t cols, Acc* s) const {
     static const std::vector<int64_t> no_mask;
-    cpu::prepare_scores<Acc>(ps, no_mask, m, i, 1, j0, cols, s, kScoresLd, nullptr,
+    const int64_t sequence = w.sequence[r], m = w.head[r], i = w.query[r];
+    cpu::prepare_scores<Acc>(problems_[sequence], no_mask, m, i, 1, j0, cols, s, kScoresLd, nullptr,
                              relative_.defined() ? relative_.data_ptr<Acc>() : nullptr);
-    if (!blocks_.empty()) blocks_[it.sequence].hide(m, i, 1, j0, cols, s, kScoresLd);
+    if (!blocks_.empty()) blocks_[sequence].hide(m, i, 1, j0, cols, s, kScoresLd);
   }
 
   // Whether an item of `rows` rows meets its keys in matrix products.
@@ -504,7 +633,7 @@ class PagedForward {
   // value it does not see, so a NaN or inf there stays out of it, as the one-row products keep it.
   void matrix_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
                    int64_t j0, int64_t cols) const {
-    const int64_t rows = p_.g * it.nq, d = p_.d, dv = p_.dv, ld = kScoresLd;
+    const int64_t rows = it.rows, d = p_.d, dv = p_.dv, ld = kScoresLd;
     const int64_t padded =
         (cols + cpu::kSmallGemmGranule - 1) / cpu::kSmallGemmGranule * cpu::kSmallGemmGranule;
     k_.rows(table, it.kv, j0, cols, w.k_ptr, w.k_scale);
@@ -519,7 +648,7 @@ class PagedForward {
     // hardware prefetcher follows) where the step reads them once: a prompt chunk's items read
     // the same keys one after another, from the cache.
     const int64_t next = std::min(kMatrixKeyTile, it.key_end - (j0 + cols));
-    if (next > 0 && ps.t_q * p_.g <= kMatrixItemRows) {
+    if (next > 0 && (it.first_row >= 0 || ps.t_q * p_.g <= kMatrixItemRows)) {
       k_.rows(table, it.kv, j0 + cols, next, w.k_ptr, w.k_scale);
       v_.rows(table, it.kv, j0 + cols, next, w.v_ptr, w.v_scale);
       prefetch_rows(w.k_ptr, next, d);
@@ -530,8 +659,7 @@ class PagedForward {
     cpu::transpose_scaled<Acc>(w.s_t, rows, cols, rows, Acc(1), w.s, ld);
     for (int64_t r = 0; r < rows; ++r) {
       Acc* row = w.s + r * ld;
-      if (modifies(ps))
-        prepare_row(it, ps, it.kv * p_.g + r / it.nq, it.i0 + r % it.nq, j0, cols, row);
+      if (modifies(ps)) prepare_row(w, r, j0, cols, row);
       std::fill(row + cols, row + padded, Acc(0));
     }
     cpu::online_softmax_step(w.s, rows, cols, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
@@ -586,19 +714,19 @@ class PagedForward {
   // largest maximum of the parts (what their log-sum-exp weighs them by).
   void merge(int64_t b) const {
     const PagedItem& it = bases_[b];
-    const int64_t rows = p_.g * it.nq, width = p_.dv + 2;
+    const int64_t rows = it.rows, width = p_.dv + 2, parts_b = slots(b);
     const int64_t q0 = p_.sequences->query_begin(it.sequence);
     const Acc* parts = partials_.data() + partial_offset_[b];
     std::vector<Acc> acc(p_.dv);
     constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
     for (int64_t r = 0; r < rows; ++r) {
       Acc max = -kInf;
-      for (int64_t c = 0; c < parts_; ++c) {
+      for (int64_t c = 0; c < parts_b; ++c) {
         max = std::max(max, parts[(c * rows + r) * width + p_.dv]);
       }
       Acc sum = 0;
       std::fill(acc.begin(), acc.end(), Acc(0));
-      for (int64_t c = 0; c < parts_; ++c) {
+      for (int64_t c = 0; c < parts_b; ++c) {
         const Acc* part = parts + (c * rows + r) * width;
         const Acc part_max = part[p_.dv], part_sum = part[p_.dv + 1];
         if (part_sum != part_sum) {  // a NaN score in the part: the row is NaN
@@ -621,12 +749,16 @@ class PagedForward {
   const int64_t* table_;
   int64_t table_ld_;
   int64_t num_splits_;
+  bool share_prefixes_;
   const cpu::DecodeProducts* products_ = nullptr;  // nullptr: the portable loops
   std::vector<double> sinks_;
   std::vector<Problem> problems_;
   std::vector<cpu::MaskBlocks> blocks_;  // each sequence's view of the block mask, if any
   Tensor relative_;                      // relative_bias_by_position, undefined without a table
   std::vector<PagedItem> bases_, items_;
+  std::vector<PagedItem> shared_;       // the shared prefixes' units, before their split
+  std::vector<SharedRow> shared_rows_;  // their rows
+  std::vector<char> shared_base_;       // whether bases_[b]'s rows meet a shared prefix
   std::vector<int64_t> partial_offset_;
   std::vector<Acc> partials_;
   int64_t parts_ = 1, max_rows_ = 1;
@@ -649,6 +781,18 @@ int64_t paged_forward_last_matrix_tiles() {
   return last_matrix_tiles;
 }
 
+int64_t paged_forward_last_shared_rows() {
+  return last_shared_rows;
+}
+
+bool paged_shares_prefixes() {
+  static const bool shares = [] {
+    const char* forced = std::getenv("ATTENTION_CPU_SHARED_PREFIXES");
+    return forced == nullptr || std::string(forced) != "off";
+  }();
+  return shares;
+}
+
 bool paged_forward_applies(const Tensor& query) {
   const auto dtype = query.scalar_type();
   return query.device().is_cpu() &&
@@ -657,7 +801,7 @@ bool paged_forward_applies(const Tensor& query) {
 
 Tensor paged_forward(const Problem& p, const Tensor& query, const Tensor& key_pages,
                      const Tensor& value_pages, const Tensor& table, int64_t num_splits,
-                     const Tensor& key_scales, const Tensor& value_scales) {
+                     const Tensor& key_scales, const Tensor& value_scales, bool share_prefixes) {
   const auto dtype = query.scalar_type();
   const auto acc_dtype = dtype == at::kBFloat16 ? at::kFloat : dtype;
   // The queries in the computing dtype, (total_q, H, d) contiguous; read as (H, total_q, d).
@@ -669,14 +813,21 @@ Tensor paged_forward(const Problem& p, const Tensor& query, const Tensor& key_pa
     TORCH_INTERNAL_ASSERT(acc_dtype == at::kFloat, "8-bit pages are read for float queries");
     const Tensor ks = key_scales.stride(2) == 1 ? key_scales : key_scales.contiguous();
     const Tensor vs = value_scales.stride(2) == 1 ? value_scales : value_scales.contiguous();
-    PagedForward<int8_t, float>(p, q_heads, k, ks, v, vs, out_heads, table, num_splits).run();
+    PagedForward<int8_t, float>(p, q_heads, k, ks, v, vs, out_heads, table, num_splits,
+                                share_prefixes)
+        .run();
   } else if (dtype == at::kBFloat16) {
-    PagedForward<c10::BFloat16, float>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits)
+    PagedForward<c10::BFloat16, float>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits,
+                                       share_prefixes)
         .run();
   } else if (dtype == at::kFloat) {
-    PagedForward<float, float>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits).run();
+    PagedForward<float, float>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits,
+                               share_prefixes)
+        .run();
   } else {
-    PagedForward<double, double>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits).run();
+    PagedForward<double, double>(p, q_heads, k, {}, v, {}, out_heads, table, num_splits,
+                                 share_prefixes)
+        .run();
   }
   return acc_dtype == dtype ? out : out.to(dtype);
 }
