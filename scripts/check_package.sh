@@ -84,6 +84,8 @@ done
 "$work/gpt/gpt-serve" "$ROOT/models/gpt"
 # The same from an 8-bit cache: how far its tokens and logits are from the float cache's.
 "$work/gpt/gpt-serve" "$ROOT/models/gpt" --int8
+# Requests that share a system prompt, and a conversation's turns, with prefix caching.
+"$work/gpt/gpt-serve" "$ROOT/models/gpt" --shared-prompt
 if $has_distributed; then
   torchrun --standalone --nproc_per_node=2 --redirects 1 --tee 1 --no_python \
     "$work/ring_attention/ring-attention" | grep "matches one process"

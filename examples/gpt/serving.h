@@ -4,10 +4,14 @@
 // own number of tokens greedily, and every step runs the model once on the new tokens of all
 // running sequences packed together (the prompt chunks of newly arrived requests and one token of
 // each decoding one), over one PagedKVCache whose pages a finished request gives back at once.
+// With prefix caching a request starts on the cached pages of the longest prefix of its prompt
+// that an earlier request wrote (a system prompt, the earlier turns of a conversation) and
+// computes only the rest.
 
 #include "gpt_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <vector>
 
@@ -29,22 +33,34 @@ struct Completion {
   torch::Tensor logits;
   /// The steps at which the request was admitted (its pages reserved) and got its last token.
   int64_t admitted_step = -1, finished_step = -1;
+  /// The step at which it got its first token, and the seconds from the start of the step at
+  /// which it arrived to the end of that one (its time to first token).
+  int64_t first_token_step = -1;
+  double first_token_seconds = 0;
+  /// The prompt tokens it found cached (prefix caching), which it did not compute.
+  int64_t cached_tokens = 0;
 };
 
 /// How the steps went.
 struct ServeStats {
-  int64_t steps = 0;            // steps that ran the model
-  int64_t most_sequences = 0;   // the most sequences in one step
-  int64_t most_tokens = 0;      // the most packed tokens in one step
-  int64_t most_pages = 0;       // the most pages held at once
-  int64_t mixed_steps = 0;      // steps in which some sequences prefilled and others decoded
-  int64_t waited_requests = 0;  // requests admitted after their arrival step (no pages yet)
+  int64_t steps = 0;              // steps that ran the model
+  int64_t most_sequences = 0;     // the most sequences in one step
+  int64_t most_tokens = 0;        // the most packed tokens in one step
+  int64_t most_pages = 0;         // the most pages held at once
+  int64_t mixed_steps = 0;        // steps in which some sequences prefilled and others decoded
+  int64_t waited_requests = 0;    // requests admitted after their arrival step (no pages yet)
+  int64_t cached_tokens = 0;      // prompt tokens found cached, over all requests
+  int64_t most_shared_pages = 0;  // the most pages held by two sequences or more at once
 };
 
 struct ServeOptions {
   /// The most prompt tokens one sequence brings to a step: a longer prompt is prefilled in
   /// chunks over several steps, so that one long prompt does not stall the decoding sequences.
   TORCH_ARG(int64_t, prefill_chunk) = 16;
+  /// Whether requests start on the cached pages of their prompt's longest cached prefix
+  /// (PagedKVCache::add_sequence(tokens)), and tell the cache the tokens they generate
+  /// (add_tokens), so that a later turn of the conversation finds them too.
+  TORCH_ARG(bool, prefix_caching) = false;
 };
 
 namespace detail {
@@ -65,12 +81,15 @@ struct Running {
 }  // namespace detail
 
 /// Serves `requests` (in any order) with greedy generation over `cache` (one layer per block,
-/// the model's heads and head size, empty): each step admits the requests that have arrived
+/// the model's heads and head size, no sequences: it may keep the cached pages of an earlier
+/// call, which prefix caching finds): each step admits the requests that have arrived
 /// while the pool can hold them, runs the model once on the packed new tokens of every running
 /// sequence, and frees each sequence that has all its tokens. A request is admitted only when the
 /// pages of its whole length (prompt and generated tokens) are free beside those reserved by the
 /// running ones, so that no running sequence ever finds the pool empty; requests are admitted in
-/// order of arrival. Returns one Completion per request, in the order given.
+/// order of arrival. (A request's reservation counts the pages it shares with others too: fewer
+/// requests run at once than the pool could hold, never more.) Returns one Completion per
+/// request, in the order given.
 inline std::vector<Completion> serve(GPTModel& model, attention::PagedKVCache& cache,
                                      const std::vector<Request>& requests,
                                      const ServeOptions& options = {},
@@ -120,7 +139,11 @@ inline std::vector<Completion> serve(GPTModel& model, attention::PagedKVCache& c
   std::deque<size_t> waiting(order.begin(), order.end());
   std::vector<detail::Running> running;
   std::vector<Completion> done(requests.size());
-  int64_t reserved = 0;  // pages of the running requests' whole lengths
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  std::vector<double> arrived(requests.size(), -1);  // when each request's arrival step began
+  int64_t reserved = 0;                              // pages of the running requests' whole lengths
   auto whole_pages = [&](size_t i) {
     return detail::pages_for(requests[i].prompt.size(0) + requests[i].new_tokens, page_size);
   };
@@ -128,6 +151,10 @@ inline std::vector<Completion> serve(GPTModel& model, attention::PagedKVCache& c
   for (int64_t step = 0; !waiting.empty() || !running.empty(); ++step) {
     // Nothing to run until the next request arrives.
     if (running.empty()) step = std::max(step, requests[waiting.front()].arrival_step);
+    for (const size_t i : waiting) {
+      if (requests[i].arrival_step > step) break;  // in order of arrival
+      if (arrived[i] < 0) arrived[i] = seconds();
+    }
     while (!waiting.empty() && requests[waiting.front()].arrival_step <= step &&
            reserved + whole_pages(waiting.front()) <= num_pages) {
       const size_t i = waiting.front();
@@ -135,7 +162,15 @@ inline std::vector<Completion> serve(GPTModel& model, attention::PagedKVCache& c
       reserved += whole_pages(i);
       detail::Running admitted;
       admitted.request = i;
-      admitted.sequence = cache.add_sequence();
+      if (options.prefix_caching()) {
+        const attention::PrefixHit hit = cache.add_sequence(requests[i].prompt);
+        admitted.sequence = hit.sequence;
+        admitted.prompt_fed = hit.cached_tokens;    // never the whole prompt: its last token's
+        done[i].cached_tokens = hit.cached_tokens;  // row makes the first token's logits
+        s.cached_tokens += hit.cached_tokens;
+      } else {
+        admitted.sequence = cache.add_sequence();
+      }
       running.push_back(std::move(admitted));
       done[i].admitted_step = step;
       if (step > requests[i].arrival_step) ++s.waited_requests;
@@ -168,6 +203,10 @@ inline std::vector<Completion> serve(GPTModel& model, attention::PagedKVCache& c
     s.most_tokens = std::max(s.most_tokens, batch.total_tokens());
     s.most_pages = std::max(s.most_pages, num_pages - cache.free_pages());
     if (prefills && decodes) ++s.mixed_steps;
+    int64_t shared_pages = 0;
+    for (int64_t page = 0; page < num_pages; ++page)
+      shared_pages += cache.page_references(page) > 1;
+    s.most_shared_pages = std::max(s.most_shared_pages, shared_pages);
 
     // A sequence past its whole prompt gets its next token; a finished one gives back its pages.
     std::vector<detail::Running> still_running;
@@ -181,6 +220,13 @@ inline std::vector<Completion> serve(GPTModel& model, attention::PagedKVCache& c
       }
       r.tokens.push_back(next[j].item<int64_t>());
       r.logits.push_back(logits[j]);
+      if (r.tokens.size() == 1) {
+        done[r.request].first_token_step = step;
+        done[r.request].first_token_seconds = seconds() - arrived[r.request];
+      }
+      if (options.prefix_caching()) {
+        cache.add_tokens(r.sequence, torch::tensor({r.tokens.back()}, torch::kLong));
+      }
       if (static_cast<int64_t>(r.tokens.size()) < request.new_tokens) {
         still_running.push_back(std::move(r));
         continue;
