@@ -11,6 +11,7 @@
 
 #include "kernels/paged.h"
 #include "gemm/small_gemm.h"
+#include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/decode_products.h"
 #include "kernels/cpu/softmax_step.h"
 #include "kernels/cpu/tile.h"
@@ -189,6 +190,7 @@ class PagedForward {
       const cpu::DecodeProducts* set = cpu::decode_products();
       if (set != nullptr && p.d % set->lanes == 0 && p.dv % set->lanes == 0) products_ = set;
     }
+    if constexpr (std::is_same_v<In, c10::BFloat16>) bf16_ = cpu::bf16_products();
     if (p.sinks.defined()) {
       const auto host = p.sinks.detach().to(torch::kCPU, torch::kDouble).contiguous();
       sinks_.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
@@ -204,7 +206,7 @@ class PagedForward {
     if (items_.empty()) return;
     partials_.resize(partial_offset_.back());
     cpu::run_dearest_first(
-        items_, [&] { return Buffers(p_, max_rows_, matrix_items_); },
+        items_, [&] { return Buffers(p_, max_rows_, matrix_items_, bf16_ != nullptr); },
         [&](const PagedItem& item, Buffers& w) { run_item(item, w); });
     if (partial_offset_.back() > 0) {
       at::parallel_for(0, static_cast<int64_t>(bases_.size()), 1, [&](int64_t b0, int64_t b1) {
@@ -374,7 +376,9 @@ class PagedForward {
   // One thread's buffers, kept for every item it takes. The matrix route's (null when no item
   // takes it): the queries transposed (d x rows), a tile's keys and values widened into rows of
   // their own (zero rows up to the products' granule), its scores as the keys x rows product,
-  // and the values' product before it joins `acc`.
+  // and the values' product before it joins `acc`. With the processor's bfloat16 products, the
+  // tile's bfloat16 keys and values gathered, then packed in pairs, the queries in bfloat16, and
+  // the probabilities rounded to it.
   struct Buffers {
     cpu::TileLease lease;
     Acc *acc, *max, *sum, *q, *s;
@@ -386,8 +390,10 @@ class PagedForward {
     // Each row's sequence, query head and query (counted in its sequence).
     int64_t *sequence, *head, *query;
     Acc *q_t = nullptr, *keys = nullptr, *values = nullptr, *s_t = nullptr, *scratch = nullptr;
-    Buffers(const Problem& p, int64_t rows, bool matrix)
-        : lease(bytes(p, rows, matrix)),
+    uint16_t *q16 = nullptr, *keys16 = nullptr, *values16 = nullptr, *p16 = nullptr;
+    uint32_t *key_pairs = nullptr, *value_pairs = nullptr;
+    Buffers(const Problem& p, int64_t rows, bool matrix, bool bf16)
+        : lease(bytes(p, rows, matrix, bf16)),
           acc(lease.take<Acc>(rows * p.dv)),
           max(lease.take<Acc>(rows)),
           sum(lease.take<Acc>(rows)),
@@ -408,9 +414,16 @@ class PagedForward {
       values = lease.take<Acc>(kMatrixKeys * p.dv);
       s_t = lease.take<Acc>(kMatrixKeys * rows);
       scratch = lease.take<Acc>(rows * p.dv);
+      if (!bf16) return;
+      q16 = lease.take<uint16_t>(rows * p.d);
+      keys16 = lease.take<uint16_t>(kMatrixKeyTile * p.d);
+      values16 = lease.take<uint16_t>(kMatrixKeyTile * p.dv);
+      p16 = lease.take<uint16_t>(rows * kScoresLd);
+      key_pairs = lease.take<uint32_t>((p.d + 1) / 2 * kMatrixKeyTile);
+      value_pairs = lease.take<uint32_t>(kMatrixKeyTile / 2 * p.dv);
     }
     static constexpr int64_t kMatrixKeys = kMatrixKeyTile + cpu::kSmallGemmGranule;
-    static size_t bytes(const Problem& p, int64_t rows, bool matrix) {
+    static size_t bytes(const Problem& p, int64_t rows, bool matrix, bool bf16) {
       using L = cpu::TileLease;
       size_t total = L::tile_bytes<Acc>(rows * p.dv) + 2 * L::tile_bytes<Acc>(rows) +
                      L::tile_bytes<Acc>(rows * p.d) + L::tile_bytes<Acc>(rows * kScoresLd) +
@@ -420,6 +433,14 @@ class PagedForward {
         total += L::tile_bytes<Acc>(p.d * rows) + L::tile_bytes<Acc>(kMatrixKeys * p.d) +
                  L::tile_bytes<Acc>(kMatrixKeys * p.dv) + L::tile_bytes<Acc>(kMatrixKeys * rows) +
                  L::tile_bytes<Acc>(rows * p.dv);
+        if (bf16) {
+          total += L::tile_bytes<uint16_t>(rows * p.d) +
+                   L::tile_bytes<uint16_t>(kMatrixKeyTile * p.d) +
+                   L::tile_bytes<uint16_t>(kMatrixKeyTile * p.dv) +
+                   L::tile_bytes<uint16_t>(rows * kScoresLd) +
+                   L::tile_bytes<uint32_t>((p.d + 1) / 2 * kMatrixKeyTile) +
+                   L::tile_bytes<uint32_t>(kMatrixKeyTile / 2 * p.dv);
+        }
       }
       return total;
     }
@@ -496,6 +517,13 @@ class PagedForward {
       return;
     }
     cpu::transpose_scaled<Acc>(w.q, d, rows, d, Acc(1), w.q_t, rows);
+    if (bf16_ != nullptr) {
+      // The queries as they came (bfloat16, widened exactly): the products take the scale.
+      for (int64_t r = 0; r < rows; ++r) {
+        const Acc* from = q_.row(w.head[r], p_.sequences->query_begin(w.sequence[r]) + w.query[r]);
+        for (int64_t c = 0; c < d; ++c) w.q16[r * d + c] = c10::BFloat16(from[c]).x;
+      }
+    }
     for (int64_t j0 = it.key_begin; j0 < it.key_end; j0 += kMatrixKeyTile) {
       const int64_t cols = std::min(kMatrixKeyTile, it.key_end - j0);
       // The columns [begin, end) of the tile that every row sees.
@@ -633,6 +661,10 @@ class PagedForward {
   // value it does not see, so a NaN or inf there stays out of it, as the one-row products keep it.
   void matrix_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
                    int64_t j0, int64_t cols) const {
+    if (bf16_ != nullptr) {
+      bf16_matrix_tile(it, w, ps, table, j0, cols);
+      return;
+    }
     const int64_t rows = it.rows, d = p_.d, dv = p_.dv, ld = kScoresLd;
     const int64_t padded =
         (cols + cpu::kSmallGemmGranule - 1) / cpu::kSmallGemmGranule * cpu::kSmallGemmGranule;
@@ -665,6 +697,41 @@ class PagedForward {
     cpu::online_softmax_step(w.s, rows, cols, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
     cpu::gemm<Acc>(false, false, rows, dv, padded, Acc(1), w.s, ld, w.values, dv, Acc(1), w.acc, dv,
                    w.scratch);
+    ++matrix_tiles_;
+  }
+
+  // The same on the processor's bfloat16 products, for bfloat16 pages (bf16_ is set for them
+  // only): the tile's keys and values gathered as they are and packed in pairs, the scores made
+  // as queries x keys^T with the scale as the products' alpha, and the probabilities rounded to
+  // bfloat16 once before they weight the values, as the fused kernels' bfloat16 route does.
+  void bf16_matrix_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
+                        int64_t j0, int64_t cols) const {
+    if constexpr (std::is_same_v<Acc, float>) {
+      const int64_t rows = it.rows, d = p_.d, dv = p_.dv, ld = kScoresLd;
+      k_.rows(table, it.kv, j0, cols, w.k_ptr, w.k_scale);
+      v_.rows(table, it.kv, j0, cols, w.v_ptr, w.v_scale);
+      for (int64_t j = 0; j < cols; ++j) {
+        std::memcpy(w.keys16 + j * d, w.k_ptr[j], static_cast<size_t>(d) * sizeof(uint16_t));
+        std::memcpy(w.values16 + j * dv, w.v_ptr[j], static_cast<size_t>(dv) * sizeof(uint16_t));
+      }
+      cpu::pack_column_pairs(w.keys16, d, cols, d, w.key_pairs, kMatrixKeyTile);
+      cpu::pack_row_pairs(w.values16, dv, cols, dv, w.value_pairs, dv);
+      const int64_t next = std::min(kMatrixKeyTile, it.key_end - (j0 + cols));
+      if (next > 0 && (it.first_row >= 0 || ps.t_q * p_.g <= kMatrixItemRows)) {
+        k_.rows(table, it.kv, j0 + cols, next, w.k_ptr, w.k_scale);
+        v_.rows(table, it.kv, j0 + cols, next, w.v_ptr, w.v_scale);
+        prefetch_rows(w.k_ptr, next, d);
+        prefetch_rows(w.v_ptr, next, dv);
+      }
+      bf16_->product(rows, cols, d, static_cast<float>(p_.scale), w.q16, d, w.key_pairs,
+                     kMatrixKeyTile, false, w.s, ld);
+      if (modifies(ps)) {
+        for (int64_t r = 0; r < rows; ++r) prepare_row(w, r, j0, cols, w.s + r * ld);
+      }
+      cpu::online_softmax_step(w.s, rows, cols, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
+      bf16_->round(w.s, ld, rows, cols, w.p16, ld);
+      bf16_->product(rows, dv, cols, 1, w.p16, ld, w.value_pairs, dv, true, w.acc, dv);
+    }
     ++matrix_tiles_;
   }
 
@@ -751,6 +818,7 @@ class PagedForward {
   int64_t num_splits_;
   bool share_prefixes_;
   const cpu::DecodeProducts* products_ = nullptr;  // nullptr: the portable loops
+  const cpu::Bf16Products* bf16_ = nullptr;  // bfloat16 pages' matrix products; nullptr: widened
   std::vector<double> sinks_;
   std::vector<Problem> problems_;
   std::vector<cpu::MaskBlocks> blocks_;  // each sequence's view of the block mask, if any
