@@ -4,7 +4,8 @@
 // BF16 extension's BFDOT: in each float lane, two bfloat16 products summed into a float
 // accumulator, so twice the products of a float multiply-add per instruction). The fused forward
 // and backward take them for bfloat16 inputs where the processor has them (kernels/cpu/forward.cpp,
-// kernels/cpu/backward.cpp); elsewhere bfloat16 is widened to float and runs the float kernels. The
+// kernels/cpu/backward.cpp), and so do the paged kernel's matrix products for bfloat16 pages
+// (kernels/cpu/paged.cpp); elsewhere bfloat16 is widened to float and runs the float kernels. The
 // products accumulate in float: a product of two bfloat16 values is exact in float, so the only
 // roundings beyond float's own are of the operands, the probabilities among them (rounded once to
 // bfloat16 before they weight the values, as PyTorch's CPU flash kernel and the GPU flash kernels
