@@ -4,11 +4,15 @@
 // backward, so they cannot come from a reused workspace; what they can avoid is being faulted in
 // 4 KiB at a time on every step, which on these machines costs as much as a tenth of the step.
 // The products themselves go to the generated kernels where those beat this machine's BLAS and
-// take the shapes (gemm/large_gemm.h), and to LibTorch's BLAS everywhere else.
+// take the shapes (gemm/large_gemm.h), and to LibTorch's BLAS everywhere else. bfloat16 on a
+// processor without bfloat16 products (where the library's own kernels widen it:
+// kernels/cpu/bf16_products.h) is widened into float's products too: LibTorch's bfloat16
+// products emulate them there, at half float's rate or less.
 
 #include "modules/projection.h"
 #include "checks.h"
 #include "gemm/large_gemm.h"
+#include "kernels/cpu/bf16_products.h"
 #include "memory/empty_large.h"
 
 #include <torch/autograd.h>
@@ -25,6 +29,24 @@ using torch::Tensor;
 // rows: x as (rows, in) without a copy (x is contiguous here).
 Tensor rows_of(const Tensor& x) {
   return x.view({-1, x.size(-1)});
+}
+
+// The fewest rows of x for which a product takes a route that copies its weight (W^T for the
+// generated kernels, W in float for widened bfloat16): a decoding step's few rows take BLAS on W
+// itself. At d = 2048 a copy of W^T per projection (16 MB, fresh pages each call) took 4x the
+// rest of a 16-head step at T = 4096.
+constexpr int64_t kCopiedWeightMinRows = 128;
+
+// Whether a projection of `rows` rows of bfloat16 `x` is widened into float's products and its
+// result rounded once: on the CPU where the library widens bfloat16 for its own kernels (no
+// bfloat16 products, or ATTENTION_CPU_BF16=widened).
+bool widens_bf16(const Tensor& x, int64_t rows) {
+  return x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && rows >= kCopiedWeightMinRows &&
+         kernels::cpu::bf16_products() == nullptr;
+}
+
+Tensor widened(const Tensor& t) {
+  return t.defined() ? t.to(at::kFloat) : t;
 }
 
 // c = op(a) b (op(a) = a^T when trans_a), or c += op(a) b when `accumulate`, on the generated
@@ -50,13 +72,17 @@ bool generated_mm(bool trans_a, const Tensor& a, const Tensor& b, Tensor& c,
 // out = x W^T + b, written into `out` (x's shape with weight.size(0) last); bias may be undefined.
 void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   auto out_rows = out.view({-1, weight.size(0)});
+  if (widens_bf16(x, x.numel() / x.size(-1))) {
+    Tensor wide = empty_large(out.sizes(), out.options().dtype(at::kFloat));
+    linear_into(wide, x.to(at::kFloat), widened(weight), widened(bias));
+    out.copy_(wide);
+    return;
+  }
   // The generated kernels take B untransposed: W^T once per call, made only where they are the
   // route, for the types they take, and for enough rows of x that the copy is small beside the
-  // product. A decoding step's few rows take BLAS on W itself: at d = 2048 a copy of W^T per
-  // projection (16 MB, fresh pages each call) took 4x the rest of a 16-head step at T = 4096.
-  constexpr int64_t kGeneratedMinRows = 128;
+  // product.
   const bool generated_type = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-  if (generated_type && x.numel() >= kGeneratedMinRows * x.size(-1) &&
+  if (generated_type && x.numel() >= kCopiedWeightMinRows * x.size(-1) &&
       kernels::cpu::large_gemm_preferred() &&
       generated_mm(false, rows_of(x), weight.t().contiguous(), out_rows)) {
     if (bias.defined()) out_rows.add_(bias);
@@ -89,6 +115,16 @@ void linear_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, 
     }
     if (need_weight) dw = g.t().mm(rows_of(x));
     if (need_bias) db = g.sum(0);
+    return;
+  }
+  if (widens_bf16(g, g.size(0))) {
+    // In float, each gradient rounded once (x's added to what the other projections gave it).
+    Tensor dx_wide, dw_wide, db_wide;
+    linear_backward(g.to(at::kFloat), x.to(at::kFloat), widened(weight), need_x, need_weight,
+                    need_bias, dx_wide, dw_wide, db_wide);
+    if (need_x) dx = dx.defined() ? dx.add_(dx_wide) : dx_wide.to(at::kBFloat16);
+    if (need_weight) dw = dw_wide.to(at::kBFloat16);
+    if (need_bias) db = db_wide.to(at::kBFloat16);
     return;
   }
   // The upstream of a sum is one value expanded: made contiguous (one pass) for the products.
