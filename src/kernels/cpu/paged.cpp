@@ -654,6 +654,19 @@ class PagedForward {
     return true;
   }
 
+  // The next matrix tile's keys and values, from `from`, asked for while this tile's products run
+  // (rows a page apart are in no order a hardware prefetcher follows), where the step reads them
+  // once: a prompt chunk's items read the same keys one after another, from the cache.
+  void prefetch_next_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
+                          int64_t from) const {
+    const int64_t next = std::min(kMatrixKeyTile, it.key_end - from);
+    if (next <= 0 || (it.first_row < 0 && ps.t_q * p_.g > kMatrixItemRows)) return;
+    k_.rows(table, it.kv, from, next, w.k_ptr, w.k_scale);
+    v_.rows(table, it.kv, from, next, w.v_ptr, w.v_scale);
+    prefetch_rows(w.k_ptr, next, p_.d);
+    prefetch_rows(w.v_ptr, next, p_.dv);
+  }
+
   // Keys [j0, j0 + cols), which every row of the item sees, through two matrix products: the keys
   // and values are widened into rows of their own (zero rows up to the products' granule, whose
   // weights are 0), the scores made as keys x queries^T and turned back to rows, the softmax step
@@ -676,16 +689,7 @@ class PagedForward {
     }
     std::fill(w.keys + cols * d, w.keys + padded * d, Acc(0));
     std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
-    // The next keys are asked for while these products run (rows a page apart are in no order a
-    // hardware prefetcher follows) where the step reads them once: a prompt chunk's items read
-    // the same keys one after another, from the cache.
-    const int64_t next = std::min(kMatrixKeyTile, it.key_end - (j0 + cols));
-    if (next > 0 && (it.first_row >= 0 || ps.t_q * p_.g <= kMatrixItemRows)) {
-      k_.rows(table, it.kv, j0 + cols, next, w.k_ptr, w.k_scale);
-      v_.rows(table, it.kv, j0 + cols, next, w.v_ptr, w.v_scale);
-      prefetch_rows(w.k_ptr, next, d);
-      prefetch_rows(w.v_ptr, next, dv);
-    }
+    prefetch_next_tile(it, w, ps, table, j0 + cols);
     cpu::gemm<Acc>(false, false, padded, rows, d, Acc(1), w.keys, d, w.q_t, rows, Acc(0), w.s_t,
                    rows);
     cpu::transpose_scaled<Acc>(w.s_t, rows, cols, rows, Acc(1), w.s, ld);
@@ -716,13 +720,7 @@ class PagedForward {
       }
       cpu::pack_column_pairs(w.keys16, d, cols, d, w.key_pairs, kMatrixKeyTile);
       cpu::pack_row_pairs(w.values16, dv, cols, dv, w.value_pairs, dv);
-      const int64_t next = std::min(kMatrixKeyTile, it.key_end - (j0 + cols));
-      if (next > 0 && (it.first_row >= 0 || ps.t_q * p_.g <= kMatrixItemRows)) {
-        k_.rows(table, it.kv, j0 + cols, next, w.k_ptr, w.k_scale);
-        v_.rows(table, it.kv, j0 + cols, next, w.v_ptr, w.v_scale);
-        prefetch_rows(w.k_ptr, next, d);
-        prefetch_rows(w.v_ptr, next, dv);
-      }
+      prefetch_next_tile(it, w, ps, table, j0 + cols);
       bf16_->product(rows, cols, d, static_cast<float>(p_.scale), w.q16, d, w.key_pairs,
                      kMatrixKeyTile, false, w.s, ld);
       if (modifies(ps)) {
