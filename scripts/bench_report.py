@@ -123,9 +123,10 @@ def int8_cache_targets(records, second, target):
     """One sequence's decoding step over an 8-bit paged cache against the float32 step over the
     same keys in the same run (attention-bench paged-decode): 8-bit codes and a float scale per
     row are (d + 4) / (4 d) = 0.258 of float's bytes at d = 128, so a step bound by reading the
-    cache could take 0.26 of the time; the goal leaves room for the widening. With one key/value
-    head, 32 query rows share each key and the step is bound by arithmetic, not by bytes
-    (docs/SERVING.md)."""
+    cache could take 0.26 of the time: 0.35 is the goal with 8 key/value heads. With one, 32 query
+    rows share each key and the step is bound by arithmetic, not by bytes: 0.4 (docs/SERVING.md).
+    The default route's records (scores on integer products); `.paged.widened` ones are left
+    out."""
     for rs in [records] + ([second] if second else []):
         v = version(rs)
         steps = sorted((r for r in rs if r["group"] == "paged-decode"
@@ -139,7 +140,8 @@ def int8_cache_targets(records, second, target):
                     else f"{heads[2:]} key/value heads")
             target(f"10. LibTorch {v}: decoding step at position {r['T']}, {what}, 8-bit paged "
                    "cache / float32 (bytes 0.258)",
-                   ratio(r, find(rs, "paged-decode", f"cpp.float32.{heads}.paged", r["T"])), 0.4)
+                   ratio(r, find(rs, "paged-decode", f"cpp.float32.{heads}.paged", r["T"])),
+                   0.4 if heads == "kv1" else 0.35)
 
 
 def avx2_targets(avx2, target):

@@ -9,10 +9,12 @@
 // and on the portable loops (chunked.neon_softmax on NEON's on aarch64).
 
 #include "kernels/cpu/decode_products.h"
+#include "kernels/cpu/query_codes.h"
 
 #include <torch/torch.h>
 #include "catch_compat.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -72,6 +74,17 @@ struct Rows {
     return bf16 ? widened(b_ptr[j][c]) : f_ptr[j][c];
   }
 };
+
+// Whether the scores' padding, columns [cols, ld) of each row (filled with -7 before the
+// products), is as it was.
+bool padding_kept(const std::vector<float>& s, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = cols; j < ld; ++j) {
+      if (s[r * ld + j] != -7.0f) return false;
+    }
+  }
+  return true;
+}
 
 std::vector<float> random_floats(int64_t count, uint64_t seed) {
   torch::manual_seed(seed);
@@ -139,7 +152,7 @@ TEST_CASE("cpu decode products: scores equal sums in double", "[paged]") {
             } else {
               set->scores(q.data(), rows, d, keys.f_ptr.data(), cols, s.data(), ld);
             }
-            bool all_close = true, padding_kept = true;
+            bool all_close = true;
             for (int64_t r = 0; r < rows; ++r) {
               for (int64_t j = 0; j < cols; ++j) {
                 double exact = 0, magnitude = 0;
@@ -151,11 +164,9 @@ TEST_CASE("cpu decode products: scores equal sums in double", "[paged]") {
                 const double bound = static_cast<double>(d) * 6e-8 * magnitude;
                 all_close = all_close && std::abs(s[r * ld + j] - exact) <= bound;
               }
-              for (int64_t j = cols; j < ld; ++j)
-                padding_kept = padding_kept && s[r * ld + j] == -7.0f;
             }
             CHECK(all_close);
-            CHECK(padding_kept);
+            CHECK(padding_kept(s, rows, cols, ld));
           }
         }
       }
@@ -237,7 +248,7 @@ TEST_CASE("cpu decode products: 8-bit scores equal sums in double, times each ke
           std::vector<float> s(rows * ld, -7.0f);  // the padding past cols must stay
           set->scores_i8(q.data(), rows, d, keys.ptr.data(), keys.scales.data(), cols, s.data(),
                          ld);
-          bool all_close = true, padding_kept = true;
+          bool all_close = true;
           for (int64_t r = 0; r < rows; ++r) {
             for (int64_t j = 0; j < cols; ++j) {
               double exact = 0, magnitude = 0;
@@ -253,11 +264,9 @@ TEST_CASE("cpu decode products: 8-bit scores equal sums in double, times each ke
               all_close = all_close &&
                           (std::isnan(exact) ? std::isnan(got) : std::abs(got - exact) <= bound);
             }
-            for (int64_t j = cols; j < ld; ++j)
-              padding_kept = padding_kept && s[r * ld + j] == -7.0f;
           }
           CHECK(all_close);
-          CHECK(padding_kept);
+          CHECK(padding_kept(s, rows, cols, ld));
         }
       }
     }
@@ -297,6 +306,114 @@ TEST_CASE(
   }
 }
 
+// Codes at the extremes (every code at the limit against keys of -128: the largest sums the
+// limit allows) and drawn across the range, d from one register of 16-bit codes to 1024 features
+// (where the limit is 16383), rows 1 to 33 (blocks of four, two and one), keys in full and short
+// groups. The integer sums are exact, so the scores are the exact sums times the two scales
+// within float's roundings of the lanes' sums, their tree and the scales.
+TEST_CASE("cpu decode products: coded scores are exact integer sums times both scales",
+          "[paged][int8_products]") {
+  for (const cpu::DecodeProducts* set : runnable_products()) {
+    const int64_t step = 2 * set->lanes;
+    for (const int64_t d : {step, 2 * step, 3 * step, int64_t{512}, int64_t{1024}}) {
+      const int64_t limit = cpu::query_code_limit(d);
+      for (const bool extreme : {false, true}) {
+        for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{33}}) {
+          for (const int64_t cols : {int64_t{1}, int64_t{7}, int64_t{17}, int64_t{70}}) {
+            INFO(set->name << " d=" << d << " rows=" << rows << " cols=" << cols << " extreme "
+                           << extreme);
+            CodeRows keys(cols, d, 29 + cols);
+            torch::manual_seed(31 + d);
+            auto drawn = torch::randint(-limit, limit + 1, {rows, d}, torch::kShort);
+            if (extreme) {
+              drawn.fill_(static_cast<int16_t>(limit));
+              for (auto& row : keys.codes) std::fill(row.begin(), row.end(), int8_t{-128});
+            }
+            const std::vector<int16_t> codes(drawn.data_ptr<int16_t>(),
+                                             drawn.data_ptr<int16_t>() + rows * d);
+            const auto q_scales = random_floats(rows, 37);
+            keys.scales[cols - 1] = std::numeric_limits<float>::quiet_NaN();  // NaN scores
+            const int64_t ld = cols + 5;
+            std::vector<float> s(rows * ld, -7.0f);  // the padding past cols must stay
+            set->scores_coded(codes.data(), q_scales.data(), rows, d, keys.ptr.data(),
+                              keys.scales.data(), cols, s.data(), ld);
+            bool all_close = true;
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t j = 0; j < cols; ++j) {
+                int64_t sum = 0, magnitude = 0;
+                for (int64_t c = 0; c < d; ++c) {
+                  const int64_t product = int64_t{codes[r * d + c]} * keys.ptr[j][c];
+                  sum += product;
+                  magnitude += product < 0 ? -product : product;
+                }
+                const double scales = static_cast<double>(q_scales[r]) * keys.scales[j];
+                const double exact = static_cast<double>(sum) * scales;
+                // The lanes' sums and their tree (at most 16 + 4 roundings) and the scales (3).
+                const double bound = 23 * 6e-8 * static_cast<double>(magnitude) * std::abs(scales);
+                const double got = s[r * ld + j];
+                all_close = all_close &&
+                            (std::isnan(exact) ? std::isnan(got) : std::abs(got - exact) <= bound);
+              }
+            }
+            CHECK(all_close);
+            CHECK(padding_kept(s, rows, cols, ld));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("query codes: each feature within half a scale, the largest at the limit",
+          "[paged][int8_products]") {
+  CHECK(cpu::query_code_limit(1) == 32767);
+  CHECK(cpu::query_code_limit(512) == 32767);
+  CHECK(cpu::query_code_limit(513) == 32704);  // (2^31 - 1) / 128 / 513, rounded down
+  CHECK(cpu::query_code_limit(1024) == 16383);
+  CHECK(cpu::query_code_limit(0) == 32767);
+  CHECK(cpu::query_code_limit(int64_t{1} << 31) == 1);
+  CHECK(cpu::query_code_limit(std::numeric_limits<int64_t>::max()) == 1);
+  for (const int64_t d : {int64_t{1}, int64_t{64}, int64_t{1024}}) {
+    INFO("d=" << d);
+    auto q = random_floats(d, 41 + d);
+    q[0] = -3.5f;  // the largest magnitude: code -limit
+    for (float& x : q) x = std::clamp(x, -3.4f, 3.4f);
+    q[0] = -3.5f;
+    std::vector<int16_t> codes(d, 99);
+    float scale = -1;
+    REQUIRE(cpu::code_query_row(q.data(), d, codes.data(), &scale));
+    const double limit = static_cast<double>(cpu::query_code_limit(d));
+    CHECK(scale == static_cast<float>(3.5 / limit));
+    CHECK(codes[0] == -limit);
+    bool within = true;
+    for (int64_t c = 0; c < d; ++c) {
+      within = within && std::abs(codes[c]) <= limit &&
+               std::abs(static_cast<double>(codes[c]) * scale - q[c]) <= scale * 0.5000001;
+    }
+    CHECK(within);
+  }
+  // A row of zeros: scale 0. A row the codes cannot hold keeps its float products: nothing is
+  // written.
+  std::vector<float> zeros(8, 0.0f);
+  std::vector<int16_t> codes(8, 99);
+  float scale = -1;
+  CHECK(cpu::code_query_row(zeros.data(), 8, codes.data(), &scale));
+  CHECK(scale == 0.0f);
+  CHECK(codes == std::vector<int16_t>(8, 0));
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min()}) {
+    std::vector<float> row(8, 0.0f);
+    row[3] = bad;
+    std::vector<int16_t> kept(8, 99);
+    float kept_scale = -1;
+    INFO("value " << bad);
+    CHECK_FALSE(cpu::code_query_row(row.data(), 8, kept.data(), &kept_scale));
+    CHECK(kept == std::vector<int16_t>(8, 99));
+    CHECK(kept_scale == -1.0f);
+  }
+}
+
 TEST_CASE("cpu decode products: the set follows the processor and ATTENTION_CPU_VECTOR",
           "[paged]") {
   const char* forced = std::getenv("ATTENTION_CPU_VECTOR");
@@ -306,6 +423,13 @@ TEST_CASE("cpu decode products: the set follows the processor and ATTENTION_CPU_
   for (const cpu::DecodeProducts* set : supported) names.emplace_back(set->name);
 #if defined(__x86_64__)
   std::vector<std::string> expected_names;
+  // Highway's AVX3_DL target asks for Ice Lake's AVX-512 extensions, VNNI among them.
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+      __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("avx512bitalg") &&
+      __builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("vpclmulqdq") &&
+      __builtin_cpu_supports("vaes")) {
+    expected_names.emplace_back("avx512_vnni");
+  }
   if (__builtin_cpu_supports("avx512f")) expected_names.emplace_back("avx512");
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     expected_names.emplace_back("avx2");

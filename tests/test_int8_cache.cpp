@@ -10,6 +10,7 @@
 #include <attention/paged_attention.h>
 #include <attention/paged_kv_cache.h>
 
+#include "coded_queries.h"
 #include "helpers.h"
 #include "kernels/paged.h"
 
@@ -187,6 +188,12 @@ TEST_CASE("int8 cache: the fused kernel reads the codes as Math reads the keys t
     const auto keys = dequantized(c.int8.keys(0), c.int8.key_scales(0));
     const auto values = dequantized(c.int8.values(0), c.int8.value_scales(0));
     for (const auto& [name, options] : variants) {
+      // The queries as the kernel codes them for its integer products, where it does.
+      const auto reference_q = test::reference_queries(
+          q, test::softmax_scale(options.scale(), shape.d), torch::kChar, shape.d);
+      const auto coded_expected =
+          F::paged_attention(reference_q, keys, values, r.cu_seqlens_q, r.key_lengths, r.page_table,
+                             O(options).backend(F::Backend::Math));
       const auto expected =
           F::paged_attention(q.to(torch::kDouble), keys, values, r.cu_seqlens_q, r.key_lengths,
                              r.page_table, O(options).backend(F::Backend::Math));
@@ -194,15 +201,17 @@ TEST_CASE("int8 cache: the fused kernel reads the codes as Math reads the keys t
       const auto out = int8_attention(c.int8, q, r, options);
       CHECK(F::last_path() == F::Path::ChunkedFused);
       CHECK(out.scalar_type() == torch::kFloat);
-      CHECK(test::max_abs_diff(out, expected) < 2e-5);
+      CHECK(test::max_abs_diff(out, coded_expected) < 2e-5);
       for (const int64_t splits : {1, 3}) {
-        CHECK(test::max_abs_diff(int8_split(c.int8, q, r, options, splits), expected) < 2e-5);
+        CHECK(test::max_abs_diff(int8_split(c.int8, q, r, options, splits), coded_expected) < 2e-5);
       }
       // bfloat16 queries: the products in float, the output rounded once.
       const auto q16 = q.to(torch::kBFloat16);
-      const auto expected16 =
-          F::paged_attention(q16.to(torch::kDouble), keys, values, r.cu_seqlens_q, r.key_lengths,
-                             r.page_table, O(options).backend(F::Backend::Math));
+      const auto expected16 = F::paged_attention(
+          test::reference_queries(q16, test::softmax_scale(options.scale(), shape.d), torch::kChar,
+                                  shape.d),
+          keys, values, r.cu_seqlens_q, r.key_lengths, r.page_table,
+          O(options).backend(F::Backend::Math));
       const auto out16 = int8_attention(c.int8, q16, r, options);
       CHECK(out16.scalar_type() == torch::kBFloat16);
       CHECK(test::max_abs_diff(out16, expected16) < 2e-2);
@@ -244,6 +253,41 @@ TEST_CASE("int8 cache: attention within quantization's error of the float cache'
   CHECK(test::max_abs_diff(F::paged_attention(q, c.float32.keys(0), c.float32.values(0),
                                               r.cu_seqlens_q, r.key_lengths, r.page_table, options),
                            exact) < 2e-5);
+}
+
+// The coding's stated bound (kernels/cpu/query_codes.h): each score off by at most half the row's
+// code scale times the sum of |k| over the key's features, so each weight by a factor within
+// exp(+-2 eps) and each output feature by at most 2 (exp(2 eps) - 1) max |v|.
+TEST_CASE("int8 cache: the queries' 16-bit codes move the output within their stated bound",
+          "[int8_cache][int8_products]") {
+  torch::NoGradGuard no_grad;
+  namespace K = attention::kernels;
+  const int64_t d = 64;
+  if (!K::paged_codes_int8_queries(d, d)) {
+    WARN("skipped: 8-bit keys take the widened float products on this route");
+    return;
+  }
+  const auto c = make_caches({2000, 300}, 2, d, 16, 6);
+  const auto r = reading(c.int8, c.ids, {1, 4});
+  const auto q = torch::randn({5, 8, d}) * 3.0;
+  const auto options = O().is_causal(true);
+  const auto keys = dequantized(c.int8.keys(0), c.int8.key_scales(0));
+  const auto values = dequantized(c.int8.values(0), c.int8.value_scales(0));
+  const auto exact =
+      F::paged_attention(q.to(torch::kDouble), keys, values, r.cu_seqlens_q, r.key_lengths,
+                         r.page_table, O(options).backend(F::Backend::Math));
+  const auto out = int8_attention(c.int8, q, r, options);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double largest_code_scale =
+      (q.to(torch::kDouble) * scale).abs().max().item<double>() /
+      static_cast<double>(attention::kernels::cpu::query_code_limit(d));
+  // Over the pool's written rows: a page no sequence wrote has NaN scales.
+  const auto written = [](const torch::Tensor& t) { return torch::nan_to_num(t, 0.0, 0.0, 0.0); };
+  const double eps = largest_code_scale / 2 * written(keys).abs().sum(-1).max().item<double>();
+  const double bound = 2 * std::expm1(2 * eps) * written(values).abs().max().item<double>() + 2e-5;
+  const double error = test::max_abs_diff(out, exact);
+  INFO("error " << error << ", bound " << bound << ", eps " << eps);
+  CHECK(error <= bound);
 }
 
 TEST_CASE("int8 cache: a fork copies the scales with the page it writes to", "[int8_cache]") {

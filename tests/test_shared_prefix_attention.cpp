@@ -12,6 +12,7 @@
 #include <attention/paged_kv_cache.h>
 #include <attention/score_mod.h>
 
+#include "coded_queries.h"
 #include "draft_trees.h"
 #include "helpers.h"
 #include "kernels/paged.h"
@@ -119,7 +120,11 @@ torch::Tensor each_alone(const SharedCase& c, const std::function<O(int64_t)>& p
     auto o = O(per_sequence(static_cast<int64_t>(s))).backend(F::Backend::Math);
     if (o.sinks().defined()) o.sinks(o.sinks().to(torch::kDouble));
     if (o.alibi_slopes().defined()) o.alibi_slopes(o.alibi_slopes().to(torch::kDouble));
-    const auto q = c.query.narrow(0, begin, n).transpose(0, 1).to(torch::kDouble);
+    const int64_t d = c.query.size(-1);
+    const auto q =
+        test::reference_queries(c.query.narrow(0, begin, n), test::softmax_scale(o.scale(), d),
+                                c.key_pages.scalar_type(), c.values[s].size(-1))
+            .transpose(0, 1);
     parts.push_back(
         F::scaled_dot_product_attention(q, c.keys[s], c.values[s], o).output.transpose(0, 1));
   }

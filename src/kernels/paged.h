@@ -77,6 +77,13 @@ int64_t paged_forward_last_matrix_tiles();
 /// unless ATTENTION_CPU_SHARED_PREFIXES=off, read once per process (to compare).
 bool paged_shares_prefixes();
 
+/// Whether paged_forward() meets 8-bit keys with float or bfloat16 queries of d features (values
+/// of dv) in integer products, each query row coded in 16 bits after the softmax scale
+/// (kernels/cpu/query_codes.h): where the processor's vector products run (not
+/// ATTENTION_CPU_VECTOR=portable), a register of 16-bit codes divides d, and not
+/// ATTENTION_CPU_INT8=widened. For tests, which then make their references of the coded queries.
+bool paged_codes_int8_queries(int64_t d, int64_t dv);
+
 /// How many rows the calling thread's last paged_forward() stacked into shared prefixes' items
 /// (0: none shared). For tests and diagnostics.
 int64_t paged_forward_last_shared_rows();

@@ -1,16 +1,22 @@
 // The paged forward's products (kernels/cpu/decode_products.h), written once with Google Highway
-// and compiled for AVX-512F, AVX2 with FMA and SSE4 on x86-64 and for NEON on aarch64 (which SVE
-// processors run as well: SVE's scalable vectors cannot be kept in the arrays of registers these
-// loops hold). With N lanes a register: N keys per group (eight on 128-bit vectors), each key's
-// partial sums in a register of its own and the group's sums gathered into one register by a tree
-// of interleaving adds; up to 8 registers of a row's output held while its keys go by. 8-bit rows
-// take up to four query rows at a time, each code widened once for all of them.
+// and compiled for AVX-512F with and without VNNI, AVX2 with FMA and SSE4 on x86-64 and for NEON
+// on aarch64 (which SVE processors run as well: SVE's scalable vectors cannot be kept in the
+// arrays of registers these loops hold). With N lanes a register: N keys per group (eight on
+// 128-bit vectors), each key's partial sums in a register of its own and the group's sums gathered
+// into one register by a tree of interleaving adds; up to 8 registers of a row's output held while
+// its keys go by. 8-bit rows take up to four query rows at a time, each code widened once for all
+// of them.
 
 #ifndef HWY_DISABLED_TARGETS
-// The x86 targets above AVX3 (bits 0 to 7) add instructions these loops do not use; processors
+// The x86 targets above AVX3_DL (bits 0 to 6) add instructions these loops do not use; processors
 // with SSSE3 and without SSE4 (before 2008) are not worth a compile of their own.
 #define HWY_DISABLED_TARGETS \
-  (((1LL << 8) - 1) | HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
+  (((1LL << 7) - 1) | HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
+#endif
+// AVX3_DL (Ice Lake's AVX-512 and later: VNNI among them) is a target of this file only: its
+// integer products are the only ones to gain from it.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
 #endif
 
 #undef HWY_TARGET_INCLUDE
@@ -22,14 +28,24 @@
 #include "kernels/cpu/decode_products.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
 // The targets above; the others Highway compiles this file for (the baseline's) have no use for
 // it.
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || \
-    HWY_TARGET == HWY_NEON
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2 || \
+    HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_NEON
 HWY_BEFORE_NAMESPACE();
+#undef ATTENTION_DPWSSD
+#if HWY_TARGET == HWY_AVX3_DL && defined(__GNUC__) && !defined(__clang__)
+// Highway's AVX3_DL target names AVX-VNNI but not AVX512_VNNI, whose vpdpwssd the integer
+// products take; its run-time check asks for both.
+#pragma GCC target("avx512vnni")
+#define ATTENTION_DPWSSD 1
+#else
+#define ATTENTION_DPWSSD 0
+#endif
 namespace attention {
 namespace kernels {
 namespace cpu {
@@ -196,6 +212,18 @@ void values(const float* p, int64_t ld, int64_t rows, const In* const* values,
 // read (an earlier form) took about twice the instructions, and the decoding step with an 8-bit
 // cache is bound by them where its codes are in the processor's caches.
 
+// The keys [j0, j0 + n) of a group of Keys in k, n = min(Keys, cols - j0), and the next group's
+// asked for. A short last group repeats its first key in the missing places; their sums are not
+// stored.
+template <int64_t Keys>
+HWY_INLINE int64_t key_group(const int8_t* const* keys, int64_t j0, int64_t cols, int64_t d,
+                             const int8_t** k) {
+  const int64_t n = std::min<int64_t>(Keys, cols - j0);
+  for (int64_t i = 0; i < Keys; ++i) k[i] = keys[j0 + (i < n ? i : 0)];
+  prefetch_rows(keys + j0 + n, std::min<int64_t>(Keys, cols - j0 - n), d);
+  return n;
+}
+
 // Rows [0, Rows) against keys [0, cols), kLanes / 4 keys at a time; acc[r * kKeys + i] holds row
 // r's partial sums against key i, so that one sum_each gives the block's scores.
 template <int Rows>
@@ -204,11 +232,8 @@ void scores_i8_block(const float* q, int64_t d, const int8_t* const* keys, const
   constexpr int64_t kKeys = kLanes / 4;
   const D df;
   for (int64_t j0 = 0; j0 < cols; j0 += kKeys) {
-    const int64_t n = std::min<int64_t>(kKeys, cols - j0);
-    // A short last group repeats its first key in the missing places; their sums are not stored.
     const int8_t* k[kKeys];
-    for (int64_t i = 0; i < kKeys; ++i) k[i] = keys[j0 + (i < n ? i : 0)];
-    prefetch_rows(keys + j0 + n, std::min<int64_t>(kKeys, cols - j0 - n), d);
+    const int64_t n = key_group<kKeys>(keys, j0, cols, d, k);
     V acc[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) acc[i] = hn::Zero(df);
     for (int64_t c = 0; c < d; c += kLanes) {
@@ -308,6 +333,83 @@ void values_i8(const float* p, int64_t ld, int64_t rows, const int8_t* const* va
   }
 }
 
+// ---- 8-bit keys against coded queries, on integer products ----
+// Rows [0, Rows) of 16-bit query codes against kLanes / Rows keys at a time, their 8-bit codes
+// widened to 16 bits once for all rows; acc[r * kKeys + i] holds row r's 32-bit partial sums
+// against key i. Each lane's sum is exact; it is converted to float (within float's rounding of
+// it) before one sum_each gathers the block's scores.
+
+using D16 = hn::Repartition<int16_t, D>;  // twice the lanes of D
+using D32 = hn::RebindToSigned<D>;
+using V32 = hn::Vec<D32>;
+constexpr int64_t kCodeLanes = 2 * kLanes;
+
+// acc + a[2l] * b[2l] + a[2l + 1] * b[2l + 1] in each 32-bit lane l.
+HWY_INLINE V32 dot_pairs(D32 d32, hn::Vec<D16> a, hn::Vec<D16> b, V32 acc) {
+#if ATTENTION_DPWSSD
+  (void)d32;
+  return V32{_mm512_dpwssd_epi32(acc.raw, a.raw, b.raw)};
+#else
+  V32 odd = hn::Zero(d32);  // where the lanes' other half goes on NEON; x86 keeps it zero
+  acc = hn::ReorderWidenMulAccumulate(d32, a, b, acc, odd);
+  return hn::Add(acc, odd);
+#endif
+}
+
+template <int Rows>
+void scores_coded_block(const int16_t* codes, const float* q_scales, int64_t d,
+                        const int8_t* const* keys, const float* key_scales, int64_t cols, float* s,
+                        int64_t ld) {
+  constexpr int64_t kKeys = kLanes / Rows;
+  const D df;
+  const D32 d32;
+  const D16 d16;
+  const hn::Rebind<int8_t, D16> d8;
+  for (int64_t j0 = 0; j0 < cols; j0 += kKeys) {
+    const int8_t* k[kKeys];
+    const int64_t n = key_group<kKeys>(keys, j0, cols, d, k);
+    V32 acc[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) acc[i] = hn::Zero(d32);
+    for (int64_t c = 0; c < d; c += kCodeLanes) {
+      for (int64_t i = 0; i < kKeys; ++i) {
+        const auto x = hn::PromoteTo(d16, hn::LoadU(d8, k[i] + c));
+        for (int r = 0; r < Rows; ++r) {
+          acc[r * kKeys + i] =
+              dot_pairs(d32, hn::LoadU(d16, codes + r * d + c), x, acc[r * kKeys + i]);
+        }
+      }
+    }
+    V sums_of[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) sums_of[i] = hn::ConvertTo(df, acc[i]);
+    HWY_ALIGN float sums[kLanes];  // lane r * kKeys + i: row r against key i
+    hn::Store(sum_each(df, sums_of), df, sums);
+    for (int r = 0; r < Rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        s[r * ld + j0 + i] = sums[r * kKeys + i] * (q_scales[r] * key_scales[j0 + i]);
+      }
+    }
+  }
+}
+
+void scores_coded(const int16_t* codes, const float* q_scales, int64_t rows, int64_t d,
+                  const int8_t* const* keys, const float* key_scales, int64_t cols, float* s,
+                  int64_t ld) {
+  int64_t r0 = 0;
+  for (; r0 + 4 <= rows; r0 += 4) {
+    scores_coded_block<4>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld,
+                          ld);
+  }
+  if (rows - r0 >= 2) {
+    scores_coded_block<2>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld,
+                          ld);
+    r0 += 2;
+  }
+  if (r0 < rows) {
+    scores_coded_block<1>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld,
+                          ld);
+  }
+}
+
 // Float and bfloat16 rows carry no scales.
 template <typename In>
 void plain_scores(const float* q, int64_t rows, int64_t d, const In* const* keys, int64_t cols,
@@ -348,10 +450,14 @@ std::vector<const DecodeProducts*> supported_decode_products() {
                                              NAMESPACE::plain_values<float>,    \
                                              NAMESPACE::plain_values<uint16_t>, \
                                              NAMESPACE::scores_i8,              \
-                                             NAMESPACE::values_i8};             \
+                                             NAMESPACE::values_i8,              \
+                                             NAMESPACE::scores_coded};          \
     supported.push_back(&products);                                             \
   }
   // Best first.
+#if HWY_TARGETS & HWY_AVX3_DL
+  ATTENTION_PRODUCTS_ROUTE(HWY_AVX3_DL, N_AVX3_DL, "avx512_vnni")
+#endif
 #if HWY_TARGETS & HWY_AVX3
   ATTENTION_PRODUCTS_ROUTE(HWY_AVX3, N_AVX3, "avx512")
 #endif
@@ -366,6 +472,14 @@ std::vector<const DecodeProducts*> supported_decode_products() {
 #endif
 #undef ATTENTION_PRODUCTS_ROUTE
   return supported;
+}
+
+bool int8_products_enabled() {
+  static const bool enabled = [] {
+    const char* route = std::getenv("ATTENTION_CPU_INT8");
+    return route == nullptr || std::strcmp(route, "widened") != 0;
+  }();
+  return enabled;
 }
 
 const DecodeProducts* decode_products() {

@@ -9,8 +9,12 @@
 // one register by a tree of shuffles; the weighted values keep a row's output in registers while
 // its keys go by. bfloat16 keys and values are widened on load (a bfloat16 is a float's upper
 // half), 8-bit ones converted on load and their row's scale applied once per score and once per
-// weight. One source (kernels/cpu/decode_products.cpp, through Google Highway) compiled for each
-// instruction set and chosen at run time as the exponential passes are (kernels/cpu/softmax.h).
+// weight. 8-bit keys also meet queries held as 16-bit integer codes (kernels/cpu/query_codes.h) in
+// integer products, exact in 32-bit sums: pairs of 16-bit products added into each 32-bit lane
+// (AVX512_VNNI's vpdpwssd, one instruction for 32 products; vpmaddwd and an add on AVX-512 and
+// AVX2 without it, and on SSE4; NEON's widening multiply-adds). One source
+// (kernels/cpu/decode_products.cpp, through Google Highway) compiled for each instruction set and
+// chosen at run time as the exponential passes are (kernels/cpu/softmax.h).
 
 #include <cstdint>
 #include <vector>
@@ -21,7 +25,8 @@ namespace cpu {
 
 /// One instruction set's products. Feature counts (d, dv) must be multiples of `lanes`.
 struct DecodeProducts {
-  /// The route's name, as ATTENTION_CPU_VECTOR names it: "avx512", "avx2", "neon" or "sse4".
+  /// The route's name, as ATTENTION_CPU_VECTOR names it: "avx512_vnni", "avx512", "avx2", "neon"
+  /// or "sse4".
   const char* name;
   /// The vector width in floats: d and dv must be multiples of it.
   int64_t lanes;
@@ -49,7 +54,20 @@ struct DecodeProducts {
   /// values[j][c], over the j with p[r * ld + j] != 0 (as `values`).
   void (*values_i8)(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
                     const float* value_scales, int64_t cols, float* acc, int64_t dv);
+
+  /// Scores of coded query rows against 8-bit keys on integer products: s[r * ld + j] =
+  /// q_scales[r] * key_scales[j] * (sum_c codes[r * d + c] * keys[j][c]), the sum exact in 32-bit
+  /// integers, which codes within query_code_limit(d) guarantee. d must be a multiple of
+  /// 2 * lanes (a register of 16-bit codes).
+  void (*scores_coded)(const int16_t* codes, const float* q_scales, int64_t rows, int64_t d,
+                       const int8_t* const* keys, const float* key_scales, int64_t cols, float* s,
+                       int64_t ld);
 };
+
+/// Whether 8-bit keys meet coded queries in integer products (scores_coded) where the products and
+/// the feature count allow: true unless ATTENTION_CPU_INT8=widened keeps the widened float
+/// products (to compare the routes, and to test both on one machine). Read once.
+bool int8_products_enabled();
 
 /// The products the paged forward takes in this process, decided once as softmax_passes() is:
 /// the first of supported_decode_products(), nullptr (the portable loops) where there is none.

@@ -13,6 +13,7 @@
 #include "gemm/small_gemm.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/decode_products.h"
+#include "kernels/cpu/query_codes.h"
 #include "kernels/cpu/softmax_step.h"
 #include "kernels/cpu/tile.h"
 #include "kernels/shared_prefix.h"
@@ -171,6 +172,12 @@ struct SharedRow {
   int64_t base, row;
 };
 
+// The vector products for float accumulation over rows of d and dv features, where they run.
+const cpu::DecodeProducts* products_for(int64_t d, int64_t dv) {
+  const cpu::DecodeProducts* set = cpu::decode_products();
+  return set != nullptr && d % set->lanes == 0 && dv % set->lanes == 0 ? set : nullptr;
+}
+
 template <typename In, typename Acc>
 class PagedForward {
  public:
@@ -187,8 +194,8 @@ class PagedForward {
         num_splits_(num_splits),
         share_prefixes_(share_prefixes) {
     if constexpr (std::is_same_v<Acc, float>) {
-      const cpu::DecodeProducts* set = cpu::decode_products();
-      if (set != nullptr && p.d % set->lanes == 0 && p.dv % set->lanes == 0) products_ = set;
+      products_ = products_for(p.d, p.dv);
+      coded_ = std::is_same_v<In, int8_t> && paged_codes_int8_queries(p.d, p.dv);
     }
     if constexpr (std::is_same_v<In, c10::BFloat16>) bf16_ = cpu::bf16_products();
     if (p.sinks.defined()) {
@@ -389,6 +396,11 @@ class PagedForward {
     int64_t* hi;
     // Each row's sequence, query head and query (counted in its sequence).
     int64_t *sequence, *head, *query;
+    // The item's queries as 16-bit codes and their rows' scales, where `coded` (8-bit keys on
+    // integer products: kernels/cpu/query_codes.h).
+    int16_t* q_codes;
+    float* q_scales;
+    bool coded = false;
     Acc *q_t = nullptr, *keys = nullptr, *values = nullptr, *s_t = nullptr, *scratch = nullptr;
     uint16_t *q16 = nullptr, *keys16 = nullptr, *values16 = nullptr, *p16 = nullptr;
     uint32_t *key_pairs = nullptr, *value_pairs = nullptr;
@@ -407,7 +419,9 @@ class PagedForward {
           hi(lease.take<int64_t>(rows)),
           sequence(lease.take<int64_t>(rows)),
           head(lease.take<int64_t>(rows)),
-          query(lease.take<int64_t>(rows)) {
+          query(lease.take<int64_t>(rows)),
+          q_codes(lease.take<int16_t>(rows * p.d)),
+          q_scales(lease.take<float>(rows)) {
       if (!matrix) return;
       q_t = lease.take<Acc>(p.d * rows);
       keys = lease.take<Acc>(kMatrixKeys * p.d);
@@ -428,7 +442,8 @@ class PagedForward {
       size_t total = L::tile_bytes<Acc>(rows * p.dv) + 2 * L::tile_bytes<Acc>(rows) +
                      L::tile_bytes<Acc>(rows * p.d) + L::tile_bytes<Acc>(rows * kScoresLd) +
                      2 * L::tile_bytes<const In*>(kMatrixKeyTile) +
-                     2 * L::tile_bytes<float>(kMatrixKeyTile) + 5 * L::tile_bytes<int64_t>(rows);
+                     2 * L::tile_bytes<float>(kMatrixKeyTile) + 5 * L::tile_bytes<int64_t>(rows) +
+                     L::tile_bytes<int16_t>(rows * p.d) + L::tile_bytes<float>(rows);
       if (matrix) {
         total += L::tile_bytes<Acc>(p.d * rows) + L::tile_bytes<Acc>(kMatrixKeys * p.d) +
                  L::tile_bytes<Acc>(kMatrixKeys * p.dv) + L::tile_bytes<Acc>(kMatrixKeys * rows) +
@@ -510,6 +525,7 @@ class PagedForward {
       const Acc* from = q_.row(w.head[r], i);
       for (int64_t c = 0; c < d; ++c) w.q[r * d + c] = from[c] * scale;
     }
+    code_queries(rows, w);
     if (!takes_matrices(rows)) {
       for (int64_t j0 = it.key_begin; j0 < it.key_end; j0 += kPagedKeyTile) {
         row_tile(it, w, ps, table, j0, std::min(kPagedKeyTile, it.key_end - j0));
@@ -541,6 +557,30 @@ class PagedForward {
       matrix_tile(it, w, ps, table, j0 + begin, end - begin);
       if (end < cols) row_tile(it, w, ps, table, j0 + end, cols - end);
     }
+  }
+
+  // The item's scaled queries as codes, where its keys are 8-bit and every row can be coded (a row
+  // with a value that is not finite keeps the float products, and so does its item).
+  void code_queries(int64_t rows, Buffers& w) const {
+    w.coded = coded_;
+    if constexpr (std::is_same_v<Acc, float>) {
+      for (int64_t r = 0; r < rows && w.coded; ++r) {
+        w.coded = cpu::code_query_row(w.q + r * p_.d, p_.d, w.q_codes + r * p_.d, w.q_scales + r);
+      }
+    }
+  }
+
+  // Scores on integer products, where the item's queries are coded; false where they are not.
+  bool coded_scores(const Buffers& w, int64_t rows, const In* const* keys, const float* scales,
+                    int64_t cols, Acc* s) const {
+    if constexpr (std::is_same_v<In, int8_t> && std::is_same_v<Acc, float>) {
+      if (w.coded) {
+        products_->scores_coded(w.q_codes, w.q_scales, rows, p_.d, keys, scales, cols, s,
+                                kScoresLd);
+        return true;
+      }
+    }
+    return false;
   }
 
   // Keys [j0, j0 + cols) against every row of the item, one row at a time.
@@ -576,7 +616,9 @@ class PagedForward {
     // their way to the cache (rows a page apart are in no order a hardware prefetcher follows).
     if (products_ != nullptr) {
       prefetch_rows(w.v_ptr + lo, hi - lo, dv);
-      vector_scores(w.q, rows, w.k_ptr + lo, w.k_scale + lo, hi - lo, w.s + lo, ld);
+      if (!coded_scores(w, rows, w.k_ptr + lo, w.k_scale + lo, hi - lo, w.s + lo)) {
+        vector_scores(w.q, rows, w.k_ptr + lo, w.k_scale + lo, hi - lo, w.s + lo, ld);
+      }
     } else {
       for (int64_t j = lo; j < hi; ++j) {
         const In* key = w.k_ptr[j];
@@ -672,6 +714,8 @@ class PagedForward {
   // weights are 0), the scores made as keys x queries^T and turned back to rows, the softmax step
   // taken for all rows at once, and the weighted values added as one product. No row meets a
   // value it does not see, so a NaN or inf there stays out of it, as the one-row products keep it.
+  // 8-bit keys against coded queries take the integer products for the scores instead, the keys
+  // read where they lie.
   void matrix_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
                    int64_t j0, int64_t cols) const {
     if (bf16_ != nullptr) {
@@ -684,15 +728,20 @@ class PagedForward {
     k_.rows(table, it.kv, j0, cols, w.k_ptr, w.k_scale);
     v_.rows(table, it.kv, j0, cols, w.v_ptr, w.v_scale);
     for (int64_t j = 0; j < cols; ++j) {
-      copy_row(w.k_ptr[j], w.k_scale[j], w.keys + j * d, d);
+      if (!w.coded) copy_row(w.k_ptr[j], w.k_scale[j], w.keys + j * d, d);
       copy_row(w.v_ptr[j], w.v_scale[j], w.values + j * dv, dv);
     }
     std::fill(w.keys + cols * d, w.keys + padded * d, Acc(0));
     std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
+    // The coded scores read the keys where they lie, before the next tile's rows take their
+    // pointers' place.
+    const bool coded = coded_scores(w, rows, w.k_ptr, w.k_scale, cols, w.s);
     prefetch_next_tile(it, w, ps, table, j0 + cols);
-    cpu::gemm<Acc>(false, false, padded, rows, d, Acc(1), w.keys, d, w.q_t, rows, Acc(0), w.s_t,
-                   rows);
-    cpu::transpose_scaled<Acc>(w.s_t, rows, cols, rows, Acc(1), w.s, ld);
+    if (!coded) {
+      cpu::gemm<Acc>(false, false, padded, rows, d, Acc(1), w.keys, d, w.q_t, rows, Acc(0), w.s_t,
+                     rows);
+      cpu::transpose_scaled<Acc>(w.s_t, rows, cols, rows, Acc(1), w.s, ld);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       Acc* row = w.s + r * ld;
       if (modifies(ps)) prepare_row(w, r, j0, cols, row);
@@ -815,7 +864,9 @@ class PagedForward {
   int64_t table_ld_;
   int64_t num_splits_;
   bool share_prefixes_;
-  const cpu::DecodeProducts* products_ = nullptr;  // nullptr: the portable loops
+  const cpu::DecodeProducts* products_ = nullptr;
+  bool coded_ =
+      false;  // 8-bit keys meet coded queries in integer products  // nullptr: the portable loops
   const cpu::Bf16Products* bf16_ = nullptr;  // bfloat16 pages' matrix products; nullptr: widened
   std::vector<double> sinks_;
   std::vector<Problem> problems_;
@@ -849,6 +900,12 @@ int64_t paged_forward_last_matrix_tiles() {
 
 int64_t paged_forward_last_shared_rows() {
   return last_shared_rows;
+}
+
+bool paged_codes_int8_queries(int64_t d, int64_t dv) {
+  // 8-bit keys on integer products where a register of 16-bit codes divides the features.
+  const cpu::DecodeProducts* set = products_for(d, dv);
+  return set != nullptr && d % (2 * set->lanes) == 0 && cpu::int8_products_enabled();
 }
 
 bool paged_shares_prefixes() {
