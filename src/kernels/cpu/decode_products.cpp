@@ -410,6 +410,72 @@ void scores_coded(const int16_t* codes, const float* q_scales, int64_t rows, int
   }
 }
 
+// Many rows against a tile's keys, the rows across lanes: for each pair of features, each key's
+// pair of codes (widened to 16 bits once, for every row) is broadcast into every lane and meets
+// RowVecs registers of rows' code pairs; Keys keys at a time, Keys * RowVecs sums in registers.
+constexpr int64_t kColumnKeys = kCodedColumnKeys;
+
+template <int RowVecs>
+void scores_columns_block(const int32_t* pairs, const float* q_scales, int64_t rows, int64_t d,
+                          const int32_t* key_pairs, const float* key_scales, int64_t n, float* s_t,
+                          int64_t ld_t) {
+  const D df;
+  const D32 d32;
+  const D16 d16;
+  V32 acc[kColumnKeys * RowVecs];
+  for (auto& a : acc) a = hn::Zero(d32);
+  for (int64_t p = 0; p < d / 2; ++p) {
+    hn::Vec<D16> q[RowVecs];
+    for (int v = 0; v < RowVecs; ++v) {
+      q[v] = hn::BitCast(d16, hn::LoadU(d32, pairs + p * rows + v * kLanes));
+    }
+    for (int64_t k = 0; k < kColumnKeys; ++k) {
+      const auto pair = hn::BitCast(d16, hn::Set(d32, key_pairs[k * (d / 2) + p]));
+      for (int v = 0; v < RowVecs; ++v) {
+        acc[k * RowVecs + v] = dot_pairs(d32, q[v], pair, acc[k * RowVecs + v]);
+      }
+    }
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    for (int v = 0; v < RowVecs; ++v) {
+      const V scales = hn::Mul(hn::LoadU(df, q_scales + v * kLanes), hn::Set(df, key_scales[k]));
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, acc[k * RowVecs + v]), scales), df,
+                 s_t + k * ld_t + v * kLanes);
+    }
+  }
+}
+
+void scores_coded_columns(const int32_t* pairs, const float* q_scales, int64_t rows, int64_t d,
+                          const int8_t* const* keys, const float* key_scales, int64_t cols,
+                          float* s_t, int64_t ld_t, int32_t* key_pairs) {
+  const D32 d32;
+  const D16 d16;
+  const hn::Rebind<int8_t, D16> d8;
+  for (int64_t j0 = 0; j0 < cols; j0 += kColumnKeys) {
+    const int64_t n = std::min(kColumnKeys, cols - j0);
+    // The group's keys widened to 16 bits, in pairs (a short group's missing keys repeat its
+    // first).
+    for (int64_t k = 0; k < kColumnKeys; ++k) {
+      const int8_t* key = keys[j0 + (k < n ? k : 0)];
+      for (int64_t c = 0; c < d; c += kCodeLanes) {
+        const auto widened = hn::PromoteTo(d16, hn::LoadU(d8, key + c));
+        hn::StoreU(hn::BitCast(d32, widened), d32, key_pairs + (k * d + c) / 2);
+      }
+    }
+    prefetch_rows(keys + j0 + n, std::min(kColumnKeys, cols - j0 - n), d);
+    float* to = s_t + j0 * ld_t;
+    int64_t r0 = 0;
+    for (; r0 + 2 * kLanes <= rows; r0 += 2 * kLanes) {
+      scores_columns_block<2>(pairs + r0, q_scales + r0, rows, d, key_pairs, key_scales + j0, n,
+                              to + r0, ld_t);
+    }
+    for (; r0 < rows; r0 += kLanes) {
+      scores_columns_block<1>(pairs + r0, q_scales + r0, rows, d, key_pairs, key_scales + j0, n,
+                              to + r0, ld_t);
+    }
+  }
+}
+
 // Float and bfloat16 rows carry no scales.
 template <typename In>
 void plain_scores(const float* q, int64_t rows, int64_t d, const In* const* keys, int64_t cols,
@@ -451,7 +517,8 @@ std::vector<const DecodeProducts*> supported_decode_products() {
                                              NAMESPACE::plain_values<uint16_t>, \
                                              NAMESPACE::scores_i8,              \
                                              NAMESPACE::values_i8,              \
-                                             NAMESPACE::scores_coded};          \
+                                             NAMESPACE::scores_coded,           \
+                                             NAMESPACE::scores_coded_columns};  \
     supported.push_back(&products);                                             \
   }
   // Best first.
@@ -472,6 +539,16 @@ std::vector<const DecodeProducts*> supported_decode_products() {
 #endif
 #undef ATTENTION_PRODUCTS_ROUTE
   return supported;
+}
+
+void pack_code_pairs(const int16_t* codes, int64_t rows, int64_t d, int32_t* pairs) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t p = 0; p < d / 2; ++p) {
+      const auto low = static_cast<uint16_t>(codes[r * d + 2 * p]);
+      const auto high = static_cast<uint16_t>(codes[r * d + 2 * p + 1]);
+      pairs[p * rows + r] = static_cast<int32_t>(static_cast<uint32_t>(high) << 16 | low);
+    }
+  }
 }
 
 bool int8_products_enabled() {

@@ -23,6 +23,9 @@ namespace attention {
 namespace kernels {
 namespace cpu {
 
+/// Keys scores_coded_columns() widens at a time.
+constexpr int64_t kCodedColumnKeys = 8;
+
 /// One instruction set's products. Feature counts (d, dv) must be multiples of `lanes`.
 struct DecodeProducts {
   /// The route's name, as ATTENTION_CPU_VECTOR names it: "avx512_vnni", "avx512", "avx2", "neon"
@@ -62,7 +65,19 @@ struct DecodeProducts {
   void (*scores_coded)(const int16_t* codes, const float* q_scales, int64_t rows, int64_t d,
                        const int8_t* const* keys, const float* key_scales, int64_t cols, float* s,
                        int64_t ld);
+  /// The same for many rows, transposed: s_t[j * ld_t + r] = q_scales[r] * key_scales[j] *
+  /// (sum_c codes[r][c] * keys[j][c]), with the codes as pack_code_pairs() lays them out (`pairs`)
+  /// and rows a multiple of `lanes`. Each key is widened once (into `scratch`, room for
+  /// kCodedColumnKeys * d / 2 words) for all rows, and no sum is gathered across lanes: a lane
+  /// holds one row's sum.
+  void (*scores_coded_columns)(const int32_t* pairs, const float* q_scales, int64_t rows, int64_t d,
+                               const int8_t* const* keys, const float* key_scales, int64_t cols,
+                               float* s_t, int64_t ld_t, int32_t* scratch);
 };
+
+/// Coded query rows (rows x d, d even) as scores_coded_columns() reads them: pairs[p * rows + r]
+/// holds codes[r][2p] in its low half and codes[r][2p + 1] in its high half.
+void pack_code_pairs(const int16_t* codes, int64_t rows, int64_t d, int32_t* pairs);
 
 /// Whether 8-bit keys meet coded queries in integer products (scores_coded) where the products and
 /// the feature count allow: true unless ATTENTION_CPU_INT8=widened keeps the widened float

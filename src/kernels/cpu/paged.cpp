@@ -401,6 +401,9 @@ class PagedForward {
     int16_t* q_codes;
     float* q_scales;
     bool coded = false;
+    // The matrix route's: the codes in pairs (cpu::pack_code_pairs) and a group of keys' codes
+    // widened for the products.
+    int32_t *q_pairs = nullptr, *key_words = nullptr;
     Acc *q_t = nullptr, *keys = nullptr, *values = nullptr, *s_t = nullptr, *scratch = nullptr;
     uint16_t *q16 = nullptr, *keys16 = nullptr, *values16 = nullptr, *p16 = nullptr;
     uint32_t *key_pairs = nullptr, *value_pairs = nullptr;
@@ -428,6 +431,8 @@ class PagedForward {
       values = lease.take<Acc>(kMatrixKeys * p.dv);
       s_t = lease.take<Acc>(kMatrixKeys * rows);
       scratch = lease.take<Acc>(rows * p.dv);
+      q_pairs = lease.take<int32_t>(rows * p.d / 2);
+      key_words = lease.take<int32_t>(cpu::kCodedColumnKeys * p.d / 2);
       if (!bf16) return;
       q16 = lease.take<uint16_t>(rows * p.d);
       keys16 = lease.take<uint16_t>(kMatrixKeyTile * p.d);
@@ -447,7 +452,8 @@ class PagedForward {
       if (matrix) {
         total += L::tile_bytes<Acc>(p.d * rows) + L::tile_bytes<Acc>(kMatrixKeys * p.d) +
                  L::tile_bytes<Acc>(kMatrixKeys * p.dv) + L::tile_bytes<Acc>(kMatrixKeys * rows) +
-                 L::tile_bytes<Acc>(rows * p.dv);
+                 L::tile_bytes<Acc>(rows * p.dv) + L::tile_bytes<int32_t>(rows * p.d / 2) +
+                 L::tile_bytes<int32_t>(cpu::kCodedColumnKeys * p.d / 2);
         if (bf16) {
           total += L::tile_bytes<uint16_t>(rows * p.d) +
                    L::tile_bytes<uint16_t>(kMatrixKeyTile * p.d) +
@@ -567,6 +573,7 @@ class PagedForward {
       for (int64_t r = 0; r < rows && w.coded; ++r) {
         w.coded = cpu::code_query_row(w.q + r * p_.d, p_.d, w.q_codes + r * p_.d, w.q_scales + r);
       }
+      if (w.coded && takes_matrices(rows)) cpu::pack_code_pairs(w.q_codes, rows, p_.d, w.q_pairs);
     }
   }
 
@@ -577,6 +584,19 @@ class PagedForward {
       if (w.coded) {
         products_->scores_coded(w.q_codes, w.q_scales, rows, p_.d, keys, scales, cols, s,
                                 kScoresLd);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The same for a matrix tile's keys (in w.k_ptr), transposed into w.s_t as the float product
+  // leaves them.
+  bool coded_column_scores(const Buffers& w, int64_t rows, int64_t cols) const {
+    if constexpr (std::is_same_v<In, int8_t> && std::is_same_v<Acc, float>) {
+      if (w.coded) {
+        products_->scores_coded_columns(w.q_pairs, w.q_scales, rows, p_.d, w.k_ptr, w.k_scale, cols,
+                                        w.s_t, rows, w.key_words);
         return true;
       }
     }
@@ -735,13 +755,13 @@ class PagedForward {
     std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
     // The coded scores read the keys where they lie, before the next tile's rows take their
     // pointers' place.
-    const bool coded = coded_scores(w, rows, w.k_ptr, w.k_scale, cols, w.s);
+    const bool coded = coded_column_scores(w, rows, cols);
     prefetch_next_tile(it, w, ps, table, j0 + cols);
     if (!coded) {
       cpu::gemm<Acc>(false, false, padded, rows, d, Acc(1), w.keys, d, w.q_t, rows, Acc(0), w.s_t,
                      rows);
-      cpu::transpose_scaled<Acc>(w.s_t, rows, cols, rows, Acc(1), w.s, ld);
     }
+    cpu::transpose_scaled<Acc>(w.s_t, rows, cols, rows, Acc(1), w.s, ld);
     for (int64_t r = 0; r < rows; ++r) {
       Acc* row = w.s + r * ld;
       if (modifies(ps)) prepare_row(w, r, j0, cols, row);
