@@ -54,4 +54,17 @@ inline torch::Tensor reference_queries(const torch::Tensor& q, double scale, tor
   return coded ? as_coded_queries(q, scale) : q.to(torch::kDouble);
 }
 
+/// The most the kernel's coding of each row's weights in 16 bits (paged_codes_int8_weights for
+/// 8-bit pages) can move an output feature, over `keys` keys whose values are at most
+/// `largest_value` in magnitude (a page row's largest is 127 times its scale): each weight within
+/// 1/65534 of the largest of its run, which is at most the row's largest weight, and the output
+/// divided by the weights' sum, at least that largest: keys * largest_value / 65534. 0 where
+/// the kernel keeps float weights.
+inline double weight_coding_bound(int64_t keys, double largest_value, torch::Dtype pages,
+                                  torch::Dtype query, int64_t d, int64_t dv) {
+  const bool coded = pages == torch::kChar && query != torch::kDouble &&
+                     attention::kernels::paged_codes_int8_weights(d, dv);
+  return coded ? static_cast<double>(keys) * largest_value / 65534.0 : 0.0;
+}
+
 }  // namespace test

@@ -318,7 +318,8 @@ TEST_CASE("cpu decode products: coded scores are exact integer sums times both s
     for (const int64_t d : {step, 2 * step, 3 * step, int64_t{512}, int64_t{1024}}) {
       const int64_t limit = cpu::query_code_limit(d);
       for (const bool extreme : {false, true}) {
-        for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{33}}) {
+        for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{33},
+                                   set->lanes, 3 * set->lanes}) {
           for (const int64_t cols : {int64_t{1}, int64_t{7}, int64_t{17}, int64_t{70}}) {
             INFO(set->name << " d=" << d << " rows=" << rows << " cols=" << cols << " extreme "
                            << extreme);
@@ -337,6 +338,15 @@ TEST_CASE("cpu decode products: coded scores are exact integer sums times both s
             std::vector<float> s(rows * ld, -7.0f);  // the padding past cols must stay
             set->scores_coded(codes.data(), q_scales.data(), rows, d, keys.ptr.data(),
                               keys.scales.data(), cols, s.data(), ld);
+            // Rows a multiple of the lanes: the transposed products of many rows too.
+            const bool columns = rows % set->lanes == 0;
+            std::vector<float> s_t(cols * rows, -7.0f);
+            if (columns) {
+              std::vector<int32_t> pairs(rows * d / 2), scratch(cpu::kCodedColumnKeys * d / 2);
+              cpu::pack_code_pairs(codes.data(), rows, d, pairs.data());
+              set->scores_coded_columns(pairs.data(), q_scales.data(), rows, d, keys.ptr.data(),
+                                        keys.scales.data(), cols, s_t.data(), rows, scratch.data());
+            }
             bool all_close = true;
             for (int64_t r = 0; r < rows; ++r) {
               for (int64_t j = 0; j < cols; ++j) {
@@ -350,14 +360,95 @@ TEST_CASE("cpu decode products: coded scores are exact integer sums times both s
                 const double exact = static_cast<double>(sum) * scales;
                 // The lanes' sums and their tree (at most 16 + 4 roundings) and the scales (3).
                 const double bound = 23 * 6e-8 * static_cast<double>(magnitude) * std::abs(scales);
-                const double got = s[r * ld + j];
-                all_close = all_close &&
-                            (std::isnan(exact) ? std::isnan(got) : std::abs(got - exact) <= bound);
+                for (const float got :
+                     {s[r * ld + j], columns ? s_t[j * rows + r] : s[r * ld + j]}) {
+                  all_close = all_close && (std::isnan(exact) ? std::isnan(got)
+                                                              : std::abs(got - exact) <= bound);
+                }
               }
             }
             CHECK(all_close);
             CHECK(padding_kept(s, rows, cols, ld));
           }
+        }
+      }
+    }
+  }
+}
+
+// Each row's weights (times the keys' scales) over each run of 256 keys coded as stated
+// (decode_products.h: the run's largest / 32767, rounded to nearest): the integer sums are exact,
+// so the output is the coded weights' sums within a few float roundings, and within half a code
+// scale per key of the uncoded sums. Row 1 weighs a key whose scale is NaN: its run takes the
+// float products, and the row is NaN. Runs of 1 to 300 keys (two runs), odd and even; blocks of
+// 1 to 8 rows and a block after full ones.
+TEST_CASE("cpu decode products: coded weights' values equal the stated coding's sums",
+          "[paged][int8_products]") {
+  for (const cpu::DecodeProducts* set : runnable_products()) {
+    for (const int64_t dv : feature_counts(set, {2, 4, 6})) {
+      for (const int64_t rows :
+           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{8}, int64_t{9}, int64_t{33}}) {
+        for (const int64_t cols : {int64_t{1}, int64_t{7}, int64_t{70}, int64_t{300}}) {
+          INFO(set->name << " dv=" << dv << " rows=" << rows << " cols=" << cols);
+          CodeRows values(cols, dv, 43 + cols);
+          values.scales[0] = std::numeric_limits<float>::quiet_NaN();  // weighed by row 1 only
+          const int64_t ld = cols + 3;
+          const auto p = weights_with_zeros(rows, cols, ld);
+          auto acc = random_floats(rows * dv, 47 + dv);
+          const auto start = acc;
+          set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
+                            acc.data(), dv);
+          bool as_coded = true, within_half_a_code = true, nan_kept = true;
+          for (int64_t r = 0; r < rows; ++r) {
+            std::vector<double> coded(start.begin() + r * dv, start.begin() + (r + 1) * dv);
+            std::vector<double> magnitude(dv), exact(coded), slack(dv, 0.0);
+            for (int64_t c = 0; c < dv; ++c) magnitude[c] = std::abs(coded[c]);
+            for (int64_t j0 = 0; j0 < cols; j0 += 256) {
+              const int64_t m = std::min<int64_t>(256, cols - j0);
+              std::vector<float> w(m);
+              float top = 0;
+              for (int64_t j = 0; j < m; ++j) {
+                const float weight = p[r * ld + j0 + j];
+                w[j] = weight == 0.0f ? 0.0f : weight * values.scales[j0 + j];
+                top = std::max(top, std::abs(w[j]));
+              }
+              const float scale = top / 32767.0f;
+              const bool finite =
+                  std::all_of(w.begin(), w.end(), [](float x) { return std::isfinite(x); });
+              if (!finite) {  // the float products: NaN here
+                for (int64_t c = 0; c < dv; ++c)
+                  coded[c] = std::numeric_limits<double>::quiet_NaN();
+                continue;
+              }
+              for (int64_t c = 0; c < dv; ++c) {
+                int64_t sum = 0, size = 0;
+                for (int64_t j = 0; j < m; ++j) {
+                  const int64_t code = top == 0 ? 0 : std::llrint(std::nearbyint(w[j] / scale));
+                  const int64_t v = values.ptr[j0 + j][c];
+                  sum += code * v;
+                  size += std::abs(code * v);
+                  exact[c] += static_cast<double>(w[j]) * static_cast<double>(v);
+                  slack[c] += scale * 0.5 * std::abs(static_cast<double>(v));
+                }
+                coded[c] += static_cast<double>(scale) * static_cast<double>(sum);
+                magnitude[c] += static_cast<double>(scale) * static_cast<double>(size);
+              }
+            }
+            for (int64_t c = 0; c < dv; ++c) {
+              const double got = acc[r * dv + c];
+              if (std::isnan(coded[c])) {
+                nan_kept = nan_kept && std::isnan(got);
+                continue;
+              }
+              // The sum's conversion to float, its scaling and its addition to the output.
+              as_coded = as_coded && std::abs(got - coded[c]) <= 4 * 6e-8 * magnitude[c];
+              within_half_a_code = within_half_a_code &&
+                                   std::abs(got - exact[c]) <= slack[c] + 4 * 6e-8 * magnitude[c];
+            }
+          }
+          CHECK(as_coded);
+          CHECK(within_half_a_code);
+          CHECK(nan_kept);
         }
       }
     }

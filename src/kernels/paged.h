@@ -84,6 +84,12 @@ bool paged_shares_prefixes();
 /// ATTENTION_CPU_INT8=widened. For tests, which then make their references of the coded queries.
 bool paged_codes_int8_queries(int64_t d, int64_t dv);
 
+/// Whether paged_forward() weighs 8-bit values on integer products for float or bfloat16 queries
+/// (values of dv features), each row's weights over a run of keys coded in 16 bits
+/// (cpu::DecodeProducts::values_coded): as paged_codes_int8_queries, where a register of 16-bit
+/// codes divides dv.
+bool paged_codes_int8_weights(int64_t d, int64_t dv);
+
 /// How many rows the calling thread's last paged_forward() stacked into shared prefixes' items
 /// (0: none shared). For tests and diagnostics.
 int64_t paged_forward_last_shared_rows();

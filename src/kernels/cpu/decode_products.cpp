@@ -28,6 +28,7 @@
 #include "kernels/cpu/decode_products.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -476,6 +477,124 @@ void scores_coded_columns(const int32_t* pairs, const float* q_scales, int64_t r
   }
 }
 
+// Weighted 8-bit values on integer products: rows' weights coded in 16 bits over runs of up to
+// kCodedValueKeys keys, two keys' weights a 32-bit word broadcast into every lane against the two
+// keys' value codes interleaved in 16-bit pairs. InterleaveLower and InterleaveUpper pair the
+// codes within each 128-bit block, so lane 4k + i of the lower product sums feature 8k + i of
+// the register's features and of the upper one feature 8k + 4 + i; the sums are put back in
+// order once per run.
+constexpr int64_t kCodedValueKeys = 256;
+// Rows of a block: each pair of value registers is made once for all of them.
+constexpr int64_t kCodedValueRows = 8;
+// A row's codes in the block's buffer: room for the 0 after an odd run.
+constexpr int64_t kCodedValueStride = kCodedValueKeys + 2;
+
+// Row `p`'s weights of keys [0, m) times their scales, as codes (codes[m] is 0, for an odd m's
+// last pair) and the scale they take; false where a weight is not finite or too small for a
+// scale, or (*scale 0) where every weight is 0.
+bool code_weights(const float* p, const float* scales, int64_t m, int16_t* codes, float* scale) {
+  const D df;
+  const D32 d32;
+  const hn::Rebind<int16_t, D32> d16;
+  HWY_ALIGN float w[kCodedValueKeys];
+  V largest = hn::Zero(df), probe = hn::Zero(df);  // probe: NaN where a weight is not finite
+  int64_t j = 0;
+  for (; j + kLanes <= m; j += kLanes) {
+    const V weight = hn::LoadU(df, p + j);
+    const V scaled = hn::IfThenZeroElse(hn::Eq(weight, hn::Zero(df)),
+                                        hn::Mul(weight, hn::LoadU(df, scales + j)));
+    probe = hn::MulAdd(scaled, hn::Zero(df), probe);
+    largest = hn::Max(largest, hn::Abs(scaled));
+    hn::Store(scaled, df, w + j);
+  }
+  float top = hn::GetLane(hn::MaxOfLanes(df, largest));
+  bool finite = !std::isnan(hn::GetLane(hn::SumOfLanes(df, probe)));
+  for (; j < m; ++j) {
+    w[j] = p[j] == 0.0f ? 0.0f : p[j] * scales[j];
+    finite = finite && std::isfinite(w[j]);
+    top = std::max(top, std::abs(w[j]));
+  }
+  if (!finite) return false;
+  codes[m] = 0;
+  *scale = top / 32767.0f;
+  if (top == 0) return true;
+  if (*scale == 0) return false;  // weights too small for a scale
+  const V step = hn::Set(df, *scale);
+  j = 0;
+  for (; j + kLanes <= m; j += kLanes) {
+    const auto code = hn::NearestInt(hn::Div(hn::Load(df, w + j), step));
+    hn::StoreU(hn::DemoteTo(d16, code), d16, codes + j);
+  }
+  for (; j < m; ++j) codes[j] = static_cast<int16_t>(std::nearbyint(w[j] / *scale));
+  (void)d32;
+  return true;
+}
+
+// Rows [0, Rows) of coded weights (codes[r * kCodedValueStride + j]) against the values of keys
+// [0, m), added to acc (row stride dv) times each row's scale.
+template <int Rows>
+void values_coded_block(const int16_t* codes, const float* scales, const int8_t* const* values,
+                        int64_t m, float* acc, int64_t dv) {
+  const D df;
+  const D32 d32;
+  const D16 d16;
+  const hn::Rebind<int8_t, D16> d8;
+  for (int64_t c0 = 0; c0 < dv; c0 += kCodeLanes) {
+    V32 lower[Rows], upper[Rows];
+    for (int r = 0; r < Rows; ++r) lower[r] = upper[r] = hn::Zero(d32);
+    for (int64_t j = 0; j < m; j += 2) {
+      const auto x0 = hn::PromoteTo(d16, hn::LoadU(d8, values[j] + c0));
+      // An odd run's last pair: its second weight is 0, any row will do.
+      const auto x1 = hn::PromoteTo(d16, hn::LoadU(d8, values[j + 1 < m ? j + 1 : j] + c0));
+      const auto low = hn::InterleaveLower(d16, x0, x1), high = hn::InterleaveUpper(d16, x0, x1);
+      for (int r = 0; r < Rows; ++r) {
+        int32_t word;  // the weights of keys j (low half) and j + 1
+        std::memcpy(&word, codes + r * kCodedValueStride + j, sizeof word);
+        const auto pair = hn::BitCast(d16, hn::Set(d32, word));
+        lower[r] = dot_pairs(d32, low, pair, lower[r]);
+        upper[r] = dot_pairs(d32, high, pair, upper[r]);
+      }
+    }
+    for (int r = 0; r < Rows; ++r) {
+      HWY_ALIGN float low_sums[kLanes], high_sums[kLanes];
+      const V scale = hn::Set(df, scales[r]);
+      hn::Store(hn::Mul(hn::ConvertTo(df, lower[r]), scale), df, low_sums);
+      hn::Store(hn::Mul(hn::ConvertTo(df, upper[r]), scale), df, high_sums);
+      float* out = acc + r * dv + c0;
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const int64_t feature = 8 * (l / 4) + l % 4;
+        out[feature] += low_sums[l];
+        out[feature + 4] += high_sums[l];
+      }
+    }
+  }
+}
+
+void values_coded(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
+                  const float* value_scales, int64_t cols, float* acc, int64_t dv) {
+  HWY_ALIGN int16_t codes[kCodedValueRows * kCodedValueStride];
+  float scales[kCodedValueRows];
+  for (int64_t j0 = 0; j0 < cols; j0 += kCodedValueKeys) {
+    const int64_t m = std::min(kCodedValueKeys, cols - j0);
+    for (int64_t r0 = 0; r0 < rows; r0 += kCodedValueRows) {
+      const int64_t block = std::min(kCodedValueRows, rows - r0);
+      for (int64_t r = 0; r < block; ++r) {
+        const float* row = p + (r0 + r) * ld + j0;
+        int16_t* to = codes + r * kCodedValueStride;
+        if (!code_weights(row, value_scales + j0, m, to, scales + r)) {
+          // The float products for this row, and nothing from the integer ones.
+          values_i8(row, ld, 1, values + j0, value_scales + j0, m, acc + (r0 + r) * dv, dv);
+          std::fill(to, to + m + 1, int16_t{0});
+          scales[r] = 0;
+        }
+      }
+      up_to<kCodedValueRows>(block, [&](auto block_rows) {
+        values_coded_block<block_rows()>(codes, scales, values + j0, m, acc + r0 * dv, dv);
+      });
+    }
+  }
+}
+
 // Float and bfloat16 rows carry no scales.
 template <typename In>
 void plain_scores(const float* q, int64_t rows, int64_t d, const In* const* keys, int64_t cols,
@@ -518,7 +637,8 @@ std::vector<const DecodeProducts*> supported_decode_products() {
                                              NAMESPACE::scores_i8,              \
                                              NAMESPACE::values_i8,              \
                                              NAMESPACE::scores_coded,           \
-                                             NAMESPACE::scores_coded_columns};  \
+                                             NAMESPACE::scores_coded_columns,   \
+                                             NAMESPACE::values_coded};          \
     supported.push_back(&products);                                             \
   }
   // Best first.

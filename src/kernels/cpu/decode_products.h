@@ -73,6 +73,14 @@ struct DecodeProducts {
   void (*scores_coded_columns)(const int32_t* pairs, const float* q_scales, int64_t rows, int64_t d,
                                const int8_t* const* keys, const float* key_scales, int64_t cols,
                                float* s_t, int64_t ld_t, int32_t* scratch);
+  /// Weighted 8-bit values on integer products, as values_i8 where dv is a multiple of
+  /// 2 * lanes: each row's weights times their keys' scales, over each run of up to 256 keys,
+  /// coded in 16 bits with a scale of the row's own (its largest weight / 32767: every weight
+  /// within 1/65534 of the largest), and the sums of weight codes times value codes exact in 32
+  /// bits. A row whose weights are not all finite (a NaN or infinite scale of a key it weighs)
+  /// takes values_i8's float products.
+  void (*values_coded)(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
+                       const float* value_scales, int64_t cols, float* acc, int64_t dv);
 };
 
 /// Coded query rows (rows x d, d even) as scores_coded_columns() reads them: pairs[p * rows + r]

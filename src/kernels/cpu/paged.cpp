@@ -196,6 +196,7 @@ class PagedForward {
     if constexpr (std::is_same_v<Acc, float>) {
       products_ = products_for(p.d, p.dv);
       coded_ = std::is_same_v<In, int8_t> && paged_codes_int8_queries(p.d, p.dv);
+      codes_values_ = std::is_same_v<In, int8_t> && paged_codes_int8_weights(p.d, p.dv);
     }
     if constexpr (std::is_same_v<In, c10::BFloat16>) bf16_ = cpu::bf16_products();
     if (p.sinks.defined()) {
@@ -414,10 +415,10 @@ class PagedForward {
           sum(lease.take<Acc>(rows)),
           q(lease.take<Acc>(rows * p.d)),
           s(lease.take<Acc>(rows * kScoresLd)),
-          k_ptr(lease.take<const In*>(kMatrixKeyTile)),
-          v_ptr(lease.take<const In*>(kMatrixKeyTile)),
-          k_scale(lease.take<float>(kMatrixKeyTile)),
-          v_scale(lease.take<float>(kMatrixKeyTile)),
+          k_ptr(lease.take<const In*>(2 * kMatrixKeyTile)),
+          v_ptr(lease.take<const In*>(2 * kMatrixKeyTile)),
+          k_scale(lease.take<float>(2 * kMatrixKeyTile)),
+          v_scale(lease.take<float>(2 * kMatrixKeyTile)),
           lo(lease.take<int64_t>(rows)),
           hi(lease.take<int64_t>(rows)),
           sequence(lease.take<int64_t>(rows)),
@@ -446,9 +447,10 @@ class PagedForward {
       using L = cpu::TileLease;
       size_t total = L::tile_bytes<Acc>(rows * p.dv) + 2 * L::tile_bytes<Acc>(rows) +
                      L::tile_bytes<Acc>(rows * p.d) + L::tile_bytes<Acc>(rows * kScoresLd) +
-                     2 * L::tile_bytes<const In*>(kMatrixKeyTile) +
-                     2 * L::tile_bytes<float>(kMatrixKeyTile) + 5 * L::tile_bytes<int64_t>(rows) +
-                     L::tile_bytes<int16_t>(rows * p.d) + L::tile_bytes<float>(rows);
+                     2 * L::tile_bytes<const In*>(2 * kMatrixKeyTile) +
+                     2 * L::tile_bytes<float>(2 * kMatrixKeyTile) +
+                     5 * L::tile_bytes<int64_t>(rows) + L::tile_bytes<int16_t>(rows * p.d) +
+                     L::tile_bytes<float>(rows);
       if (matrix) {
         total += L::tile_bytes<Acc>(p.d * rows) + L::tile_bytes<Acc>(kMatrixKeys * p.d) +
                  L::tile_bytes<Acc>(kMatrixKeys * p.dv) + L::tile_bytes<Acc>(kMatrixKeys * rows) +
@@ -723,10 +725,13 @@ class PagedForward {
                           int64_t from) const {
     const int64_t next = std::min(kMatrixKeyTile, it.key_end - from);
     if (next <= 0 || (it.first_row < 0 && ps.t_q * p_.g > kMatrixItemRows)) return;
-    k_.rows(table, it.kv, from, next, w.k_ptr, w.k_scale);
-    v_.rows(table, it.kv, from, next, w.v_ptr, w.v_scale);
-    prefetch_rows(w.k_ptr, next, p_.d);
-    prefetch_rows(w.v_ptr, next, p_.dv);
+    // Into the pointers' upper half: the tile's own are still read after this.
+    const In** k = w.k_ptr + kMatrixKeyTile;
+    const In** v = w.v_ptr + kMatrixKeyTile;
+    k_.rows(table, it.kv, from, next, k, w.k_scale + kMatrixKeyTile);
+    v_.rows(table, it.kv, from, next, v, w.v_scale + kMatrixKeyTile);
+    prefetch_rows(k, next, p_.d);
+    prefetch_rows(v, next, p_.dv);
   }
 
   // Keys [j0, j0 + cols), which every row of the item sees, through two matrix products: the keys
@@ -747,15 +752,14 @@ class PagedForward {
         (cols + cpu::kSmallGemmGranule - 1) / cpu::kSmallGemmGranule * cpu::kSmallGemmGranule;
     k_.rows(table, it.kv, j0, cols, w.k_ptr, w.k_scale);
     v_.rows(table, it.kv, j0, cols, w.v_ptr, w.v_scale);
+    // 8-bit keys and values on integer products are read where they lie.
+    const bool coded = coded_column_scores(w, rows, cols);
     for (int64_t j = 0; j < cols; ++j) {
-      if (!w.coded) copy_row(w.k_ptr[j], w.k_scale[j], w.keys + j * d, d);
-      copy_row(w.v_ptr[j], w.v_scale[j], w.values + j * dv, dv);
+      if (!coded) copy_row(w.k_ptr[j], w.k_scale[j], w.keys + j * d, d);
+      if (!codes_values_) copy_row(w.v_ptr[j], w.v_scale[j], w.values + j * dv, dv);
     }
     std::fill(w.keys + cols * d, w.keys + padded * d, Acc(0));
     std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
-    // The coded scores read the keys where they lie, before the next tile's rows take their
-    // pointers' place.
-    const bool coded = coded_column_scores(w, rows, cols);
     prefetch_next_tile(it, w, ps, table, j0 + cols);
     if (!coded) {
       cpu::gemm<Acc>(false, false, padded, rows, d, Acc(1), w.keys, d, w.q_t, rows, Acc(0), w.s_t,
@@ -768,8 +772,12 @@ class PagedForward {
       std::fill(row + cols, row + padded, Acc(0));
     }
     cpu::online_softmax_step(w.s, rows, cols, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
-    cpu::gemm<Acc>(false, false, rows, dv, padded, Acc(1), w.s, ld, w.values, dv, Acc(1), w.acc, dv,
-                   w.scratch);
+    if (codes_values_) {
+      vector_values(w.s, ld, rows, w.v_ptr, w.v_scale, cols, w.acc);
+    } else {
+      cpu::gemm<Acc>(false, false, rows, dv, padded, Acc(1), w.s, ld, w.values, dv, Acc(1), w.acc,
+                     dv, w.scratch);
+    }
     ++matrix_tiles_;
   }
 
@@ -818,7 +826,11 @@ class PagedForward {
   void vector_values(const Acc* weights, int64_t ld, int64_t rows, const In* const* values,
                      const float* scales, int64_t cols, Acc* acc) const {
     if constexpr (std::is_same_v<In, int8_t>) {
-      products_->values_i8(weights, ld, rows, values, scales, cols, acc, p_.dv);
+      if (codes_values_) {
+        products_->values_coded(weights, ld, rows, values, scales, cols, acc, p_.dv);
+      } else {
+        products_->values_i8(weights, ld, rows, values, scales, cols, acc, p_.dv);
+      }
     } else if constexpr (std::is_same_v<In, float>) {
       products_->values(weights, ld, rows, values, cols, acc, p_.dv);
     } else if constexpr (std::is_same_v<In, c10::BFloat16>) {
@@ -884,9 +896,9 @@ class PagedForward {
   int64_t table_ld_;
   int64_t num_splits_;
   bool share_prefixes_;
-  const cpu::DecodeProducts* products_ = nullptr;
-  bool coded_ =
-      false;  // 8-bit keys meet coded queries in integer products  // nullptr: the portable loops
+  const cpu::DecodeProducts* products_ = nullptr;  // nullptr: the portable loops
+  bool coded_ = false;                       // 8-bit keys meet coded queries in integer products
+  bool codes_values_ = false;                // and 8-bit values coded weights
   const cpu::Bf16Products* bf16_ = nullptr;  // bfloat16 pages' matrix products; nullptr: widened
   std::vector<double> sinks_;
   std::vector<Problem> problems_;
@@ -926,6 +938,11 @@ bool paged_codes_int8_queries(int64_t d, int64_t dv) {
   // 8-bit keys on integer products where a register of 16-bit codes divides the features.
   const cpu::DecodeProducts* set = products_for(d, dv);
   return set != nullptr && d % (2 * set->lanes) == 0 && cpu::int8_products_enabled();
+}
+
+bool paged_codes_int8_weights(int64_t d, int64_t dv) {
+  const cpu::DecodeProducts* set = products_for(d, dv);
+  return set != nullptr && dv % (2 * set->lanes) == 0 && cpu::int8_products_enabled();
 }
 
 bool paged_shares_prefixes() {
