@@ -16,6 +16,7 @@
 #include <attention/operators.h>
 #include <attention/paged_attention.h>
 
+#include "../coded_queries.h"
 #include "operators/kernels.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -389,7 +390,10 @@ void check_paged(const uint8_t* data, size_t size) {
   }
   const int64_t kv_heads = 1 + in.below(2);
   const int64_t heads = kv_heads * std::vector<int64_t>{1, 2, 3, 16}[in.below(4)];
-  const int64_t d = std::vector<int64_t>{1, 3, 16, 32}[in.below(4)], dv = 1 + in.below(17);
+  const int64_t d = std::vector<int64_t>{1, 3, 16, 32}[in.below(4)];
+  // 32 now and then: a register of 16-bit codes on every route, where 8-bit values meet coded
+  // weights.
+  const int64_t dv = in.below(4) == 0 ? 32 : 1 + in.below(17);
   const bool float32 = in.below(2) == 0;
   const auto dtype = float32 ? torch::kFloat : torch::kDouble;
 
@@ -543,22 +547,39 @@ void check_paged(const uint8_t* data, size_t size) {
   auto reference = options;
   reference.backend(F::Backend::Math);
   if (reference.sinks().defined()) reference.sinks(reference.sinks().to(torch::kDouble));
-  std::vector<torch::Tensor> parts;
-  try {
+  // Each sequence alone on Math in float64, of `queries` (Math may refuse: it throws).
+  const auto reference_of = [&](const torch::Tensor& queries) {
+    std::vector<torch::Tensor> parts;
     for (int64_t s = 0; s < count; ++s) {
-      const auto query = q.to(torch::kDouble).narrow(0, offsets_q[s], lq[s]).transpose(0, 1);
+      const auto query = queries.narrow(0, offsets_q[s], lq[s]).transpose(0, 1);
       parts.push_back(F::scaled_dot_product_attention(
                           query, keys[s].to(dtype).to(torch::kDouble).transpose(0, 1),
                           values[s].to(dtype).to(torch::kDouble).transpose(0, 1), reference)
                           .output.transpose(0, 1));
     }
+    return parts.empty() ? torch::zeros({0, heads, dv}, torch::kDouble) : torch::cat(parts, 0);
+  };
+  torch::Tensor ref;
+  try {
+    ref = reference_of(q.to(torch::kDouble));
   } catch (const c10::Error&) {
     every_backend_refuses(backends, paged, "accepted what Math refused for a sequence alone");
     return;
   }
-  const auto ref =
-      parts.empty() ? torch::zeros({0, heads, dv}, torch::kDouble) : torch::cat(parts, 0);
-  every_backend_agrees(backends, paged, ref, tolerance(dtype));
+  // 8-bit pages on the fused kernel: its queries as it codes them for its integer products, where
+  // it does (with a softmax scale of 0 every score is 0 whatever the queries), and the weights'
+  // coding's bound on top of the tolerance. Math (paged) reads the keys the codes stand for.
+  auto fused_ref = ref;
+  double fused_tol = tolerance(dtype);
+  if (eight_bit) {
+    const double softmax_scale = test::softmax_scale(options.scale(), d);
+    if (softmax_scale != 0) {
+      fused_ref = reference_of(test::reference_queries(q, softmax_scale, torch::kChar, dv));
+    }
+    fused_tol += test::weight_coding_bound(40, 8.0, torch::kChar, dtype, d, dv);
+  }
+  every_backend_agrees({backends[0]}, paged, ref, tolerance(dtype));
+  every_backend_agrees({backends[1], backends[2]}, paged, fused_ref, fused_tol);
 }
 
 }  // namespace

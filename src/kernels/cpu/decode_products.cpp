@@ -345,15 +345,28 @@ using D32 = hn::RebindToSigned<D>;
 using V32 = hn::Vec<D32>;
 constexpr int64_t kCodeLanes = 2 * kLanes;
 
-// acc + a[2l] * b[2l] + a[2l + 1] * b[2l + 1] in each 32-bit lane l.
+// acc + a[2l] * b[2l] + a[2l + 1] * b[2l + 1] in each 32-bit lane l. (Highway's
+// ReorderWidenMulAccumulate promises only the sum over all lanes: on x86 its lanes are the pairs,
+// on NEON they are not, and the rows-across-lanes products need them to be.)
 HWY_INLINE V32 dot_pairs(D32 d32, hn::Vec<D16> a, hn::Vec<D16> b, V32 acc) {
 #if ATTENTION_DPWSSD
   (void)d32;
   return V32{_mm512_dpwssd_epi32(acc.raw, a.raw, b.raw)};
+#elif HWY_ARCH_X86
+  V32 unused = hn::Zero(d32);  // vpmaddwd: each lane its pair's sum, in the first sum
+  return hn::ReorderWidenMulAccumulate(d32, a, b, acc, unused);
+#elif HWY_TARGET == HWY_NEON && HWY_ARCH_ARM_A64
+  (void)d32;
+  const int32x4_t low = vmull_s16(vget_low_s16(a.raw), vget_low_s16(b.raw));
+  const int32x4_t high = vmull_high_s16(a.raw, b.raw);
+  return V32(vaddq_s32(acc.raw, vpaddq_s32(low, high)));
 #else
-  V32 odd = hn::Zero(d32);  // where the lanes' other half goes on NEON; x86 keeps it zero
-  acc = hn::ReorderWidenMulAccumulate(d32, a, b, acc, odd);
-  return hn::Add(acc, odd);
+  // Each pair's halves sign-extended in its 32-bit lane, multiplied and added.
+  const auto wide_a = hn::BitCast(d32, a), wide_b = hn::BitCast(d32, b);
+  const V32 even = hn::Mul(hn::ShiftRight<16>(hn::ShiftLeft<16>(wide_a)),
+                           hn::ShiftRight<16>(hn::ShiftLeft<16>(wide_b)));
+  const V32 odd = hn::Mul(hn::ShiftRight<16>(wide_a), hn::ShiftRight<16>(wide_b));
+  return hn::Add(acc, hn::Add(even, odd));
 #endif
 }
 

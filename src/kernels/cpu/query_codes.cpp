@@ -28,11 +28,13 @@ bool code_query_row(const float* q, int64_t d, int16_t* codes, float* scale) {
     *scale = 0;
     return true;
   }
-  // Dividing by the scale as it is stored, so that scale * code is the nearest such multiple.
   const float s = largest / limit;
   if (s == 0) return false;  // a row of subnormals too small to code
+  // Divided by the scale as it is stored, in double: a float quotient near 32767 is off by up to
+  // 1/500 of a code, enough to round a near-tie the wrong way; this one by 1e-11.
+  const double step = s;
   for (int64_t c = 0; c < d; ++c) {
-    const float code = std::clamp(std::nearbyint(q[c] / s), -limit, limit);
+    const double code = std::clamp(std::nearbyint(q[c] / step), -double{limit}, double{limit});
     codes[c] = static_cast<int16_t>(code);
   }
   *scale = s;
