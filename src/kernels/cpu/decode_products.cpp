@@ -5,7 +5,8 @@
 // 128-bit vectors), each key's partial sums in a register of its own and the group's sums gathered
 // into one register by a tree of interleaving adds; up to 8 registers of a row's output held while
 // its keys go by. 8-bit rows take up to four query rows at a time, each code widened once for all
-// of them.
+// of them; or, by default, integer products against queries and weights coded in 16 bits (the
+// second half of the file).
 
 #ifndef HWY_DISABLED_TARGETS
 // The x86 targets above AVX3_DL (bits 0 to 6) add instructions these loops do not use; processors
@@ -41,7 +42,8 @@ HWY_BEFORE_NAMESPACE();
 #undef ATTENTION_DPWSSD
 #if HWY_TARGET == HWY_AVX3_DL && defined(__GNUC__) && !defined(__clang__)
 // Highway's AVX3_DL target names AVX-VNNI but not AVX512_VNNI, whose vpdpwssd the integer
-// products take; its run-time check asks for both.
+// products take; its run-time check asks for both. (Clang builds, the sanitizers', take the
+// vpmaddwd of the other x86 routes there.)
 #pragma GCC target("avx512vnni")
 #define ATTENTION_DPWSSD 1
 #else

@@ -739,8 +739,8 @@ class PagedForward {
   // weights are 0), the scores made as keys x queries^T and turned back to rows, the softmax step
   // taken for all rows at once, and the weighted values added as one product. No row meets a
   // value it does not see, so a NaN or inf there stays out of it, as the one-row products keep it.
-  // 8-bit keys against coded queries take the integer products for the scores instead, the keys
-  // read where they lie.
+  // 8-bit pages take the integer products instead, reading the codes where they lie: the keys
+  // against coded queries for the scores, the values against coded weights.
   void matrix_tile(const PagedItem& it, Buffers& w, const Problem& ps, const int64_t* table,
                    int64_t j0, int64_t cols) const {
     if (bf16_ != nullptr) {
