@@ -509,7 +509,6 @@ constexpr int64_t kCodedValueStride = kCodedValueKeys + 2;
 // scale, or (*scale 0) where every weight is 0.
 bool code_weights(const float* p, const float* scales, int64_t m, int16_t* codes, float* scale) {
   const D df;
-  const D32 d32;
   const hn::Rebind<int16_t, D32> d16;
   HWY_ALIGN float w[kCodedValueKeys];
   V largest = hn::Zero(df), probe = hn::Zero(df);  // probe: NaN where a weight is not finite
@@ -541,7 +540,6 @@ bool code_weights(const float* p, const float* scales, int64_t m, int16_t* codes
     hn::StoreU(hn::DemoteTo(d16, code), d16, codes + j);
   }
   for (; j < m; ++j) codes[j] = static_cast<int16_t>(std::nearbyint(w[j] / *scale));
-  (void)d32;
   return true;
 }
 

@@ -540,7 +540,8 @@ class PagedForward {
       }
       return;
     }
-    cpu::transpose_scaled<Acc>(w.q, d, rows, d, Acc(1), w.q_t, rows);
+    // The float products' queries, transposed (coded items' scores take the codes instead).
+    if (!w.coded) cpu::transpose_scaled<Acc>(w.q, d, rows, d, Acc(1), w.q_t, rows);
     if (bf16_ != nullptr) {
       // The queries as they came (bfloat16, widened exactly): the products take the scale.
       for (int64_t r = 0; r < rows; ++r) {
@@ -758,8 +759,9 @@ class PagedForward {
       if (!coded) copy_row(w.k_ptr[j], w.k_scale[j], w.keys + j * d, d);
       if (!codes_values_) copy_row(w.v_ptr[j], w.v_scale[j], w.values + j * dv, dv);
     }
-    std::fill(w.keys + cols * d, w.keys + padded * d, Acc(0));
-    std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
+    // Zero rows up to the granule, for the float products only.
+    if (!coded) std::fill(w.keys + cols * d, w.keys + padded * d, Acc(0));
+    if (!codes_values_) std::fill(w.values + cols * dv, w.values + padded * dv, Acc(0));
     prefetch_next_tile(it, w, ps, table, j0 + cols);
     if (!coded) {
       cpu::gemm<Acc>(false, false, padded, rows, d, Acc(1), w.keys, d, w.q_t, rows, Acc(0), w.s_t,
