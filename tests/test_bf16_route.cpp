@@ -157,6 +157,60 @@ TEST_CASE("the probabilities are rounded to bfloat16 as LibTorch rounds them", "
       }
     }
   }
+  // Rounded into rows and pair rows in one pass: the same bits as each alone (an odd last row).
+  std::vector<uint16_t> both(3 * 40, 0xAAAA);
+  std::vector<uint32_t> pairs(2 * 40, 0xAAAAAAAAu), pairs_alone(2 * 40, 0xAAAAAAAAu);
+  products->round_both(values.data_ptr<float>(), 37, 3, 37, both.data(), 40, pairs.data(), 40);
+  products->round_row_pairs(values.data_ptr<float>(), 37, 3, 37, pairs_alone.data(), 40);
+  CHECK(both == got);
+  CHECK(pairs == pairs_alone);
+}
+
+TEST_CASE("the processor's column pairs and transposes equal LibTorch's transpose at every edge",
+          "[bf16_products]") {
+  const cpu::Bf16Products* products = products_or_warn();
+  if (products == nullptr) return;
+  torch::manual_seed(11);
+  // Squares of 16 words full and cut on either side, an odd last row, the buffer's 256 columns
+  // crossed, and row strides odd and even on both sides (odd output strides take the plain loops).
+  for (const int64_t rows : {1, 2, 15, 16, 17, 32, 33, 47, 64, 65}) {
+    for (const int64_t cols : {1, 2, 31, 32, 33, 64, 300}) {
+      for (const int64_t pad : {0, 1, 2}) {
+        INFO(rows << " x " << cols << ", strides padded by " << pad);
+        const int64_t ld_in = cols + pad, ld_out = rows + pad;
+        const auto in = torch::randint(0, 65536, {rows, ld_in}, torch::kInt32);
+        std::vector<uint16_t> values(static_cast<size_t>(rows * ld_in));
+        for (int64_t e = 0; e < rows * ld_in; ++e) {
+          values[e] = static_cast<uint16_t>(in.view(-1)[e].item<int32_t>());
+        }
+        const auto want = in.narrow(1, 0, cols).t().contiguous();  // cols x rows
+        std::vector<uint16_t> got(static_cast<size_t>(cols * ld_out), 0xAAAA);
+        products->transpose(values.data(), ld_in, rows, cols, got.data(), ld_out);
+        int64_t wrong = 0, touched = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          for (int64_t r = 0; r < ld_out; ++r) {
+            if (r < rows) {
+              wrong += got[c * ld_out + r] != static_cast<uint16_t>(want[c][r].item<int32_t>());
+            } else {
+              touched += got[c * ld_out + r] != 0xAAAA;
+            }
+          }
+        }
+        CHECK(wrong == 0);
+        CHECK(touched == 0);
+        // Column pairs: the plain loops' words, and nothing past each pair row's `rows` words.
+        const int64_t pair_rows = (cols + 1) / 2;
+        std::vector<uint32_t> fast(static_cast<size_t>(pair_rows * ld_out), 0xAAAAAAAAu),
+            plain(fast.size(), 0xAAAAAAAAu);
+        products->pack_column_pairs(values.data(), ld_in, rows, cols, fast.data(), ld_out);
+        cpu::pack_column_pairs(values.data(), ld_in, rows, cols, plain.data(), ld_out);
+        CHECK(fast == plain);
+        CHECK(plain[rows - 1] ==
+              (values[(rows - 1) * ld_in] |
+               (cols > 1 ? static_cast<uint32_t>(values[(rows - 1) * ld_in + 1]) << 16 : 0u)));
+      }
+    }
+  }
 }
 
 TEST_CASE("pair rows hold two neighbours of the contracted dimension, low first",

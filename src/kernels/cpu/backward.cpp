@@ -159,6 +159,11 @@ class Backward {
                 "the bfloat16 products take bfloat16 inputs and work in float");
 
  public:
+  // The key and value gradients' type: on the bfloat16 products each key block's are summed in
+  // float (transposed, in the thread's buffers) and rounded once into the caller's bfloat16
+  // tensors, so no float tensor of them is made and converted.
+  using Grad = std::conditional_t<kBf16Products, In, T>;
+
   // lse and delta: (N * G, Tq), contiguous; dq_parts: one tensor per split shaped as q, zeros;
   // dk and dv shaped as k and v, every row written here. Gradients have contiguous rows. On the
   // bfloat16 products, `transposed` holds the queries and the output gradient with their last two
@@ -200,7 +205,7 @@ class Backward {
     const T *lse, *delta;
     int64_t row_ld;
     std::vector<cpu::Matrices<T>> dq_parts;
-    cpu::Matrices<T> dk, dv;
+    cpu::Matrices<Grad> dk, dv;
     Tensor relative;
   };
 
@@ -245,12 +250,12 @@ class Backward {
   // the block's keys and values in pair rows of their features (where the transposed ones would
   // be), its keys in pair rows of keys (from key 0 and from key 1, for strips that start at an odd
   // key), a tile's probabilities and score gradients rounded (score gradients in rows and in pair
-  // rows), and the block's key and value gradients transposed, in float.
+  // rows), and the block's key and value gradients transposed, in float and rounded.
   struct TileBuffers {
     cpu::TileLease lease;
     T *s, *prob, *dp, *cap_slope, *score_in, *keys_t, *values_t, *product;
     uint32_t *key_rows[2] = {nullptr, nullptr}, *prob_pairs = nullptr, *ds_pairs = nullptr;
-    uint16_t* ds = nullptr;
+    uint16_t *ds = nullptr, *rounded = nullptr;
     T *dk_t = nullptr, *dv_t = nullptr;
     // With a relative bias: the gradient of its bias by relative position from these tiles.
     std::vector<T> relative_grad;
@@ -280,6 +285,7 @@ class Backward {
         ds = lease.take<uint16_t>(p.block * p.block);
         dk_t = lease.take<T>(p.d * p.block);
         dv_t = lease.take<T>(p.dv * p.block);
+        rounded = lease.take<uint16_t>(std::max(p.d, p.dv) * p.block);
       }
     }
     static int64_t pair_rows(const Problem& p) { return (p.block + 1) / 2; }
@@ -288,7 +294,8 @@ class Backward {
              2 * cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.block) +
              cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block) +
              cpu::TileLease::tile_bytes<T>(p.d * p.block) +
-             cpu::TileLease::tile_bytes<T>(p.dv * p.block);
+             cpu::TileLease::tile_bytes<T>(p.dv * p.block) +
+             cpu::TileLease::tile_bytes<uint16_t>(std::max(p.d, p.dv) * p.block);
     }
     // The block's keys and values in pair rows of their features: they fit the transposed ones.
     uint32_t* key_pairs() const { return reinterpret_cast<uint32_t*>(keys_t); }
@@ -306,8 +313,8 @@ class Backward {
   // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
   void key_block(int64_t kv, int64_t j0, const cpu::Matrices<T>& dq, TileBuffers& w) const {
     const int64_t cols = std::min(p_.block, p_.t_k - j0);
-    T* dk = dk_.row(kv, j0);
-    T* dv = dv_.row(kv, j0);
+    Grad* dk = dk_.row(kv, j0);
+    Grad* dv = dv_.row(kv, j0);
     if constexpr (kBf16Products) {
       turn_bf16(kv, j0, cols, w);
     } else {
@@ -350,11 +357,11 @@ class Backward {
         }
       }
     }
-    if constexpr (kBf16Products) {  // the block's gradients, from their transposes
-      for (int64_t c = 0; c < cols; ++c) {
-        for (int64_t f = 0; f < p_.d; ++f) dk[c * dk_.row_stride + f] = w.dk_t[f * p_.block + c];
-        for (int64_t f = 0; f < p_.dv; ++f) dv[c * dv_.row_stride + f] = w.dv_t[f * p_.block + c];
-      }
+    if constexpr (kBf16Products) {  // the block's gradients, from their transposes, rounded
+      bf16_->round(w.dk_t, p_.block, p_.d, cols, w.rounded, p_.block);
+      bf16_->transpose(w.rounded, p_.block, p_.d, cols, cpu::bits(dk), dk_.row_stride);
+      bf16_->round(w.dv_t, p_.block, p_.dv, cols, w.rounded, p_.block);
+      bf16_->transpose(w.rounded, p_.block, p_.dv, cols, cpu::bits(dv), dv_.row_stride);
     }
   }
 
@@ -362,9 +369,9 @@ class Backward {
   // block that sees it, and its transposed gradients zeroed.
   void turn_bf16(int64_t kv, int64_t j0, int64_t cols, TileBuffers& w) const {
     const uint16_t* keys = bits(k_.row(kv, j0));
-    cpu::pack_column_pairs(keys, k_.row_stride, cols, p_.d, w.key_pairs(), p_.block);
-    cpu::pack_column_pairs(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.value_pairs(),
-                           p_.block);
+    bf16_->pack_column_pairs(keys, k_.row_stride, cols, p_.d, w.key_pairs(), p_.block);
+    bf16_->pack_column_pairs(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.value_pairs(),
+                             p_.block);
     cpu::pack_row_pairs(keys, k_.row_stride, cols, p_.d, w.key_rows[0], p_.d);
     if (cols > 1) {  // paired from key 1, for strips that start at an odd key
       cpu::pack_row_pairs(keys + k_.row_stride, k_.row_stride, cols - 1, p_.d, w.key_rows[1], p_.d);
@@ -377,7 +384,7 @@ class Backward {
   // of head kv, the key block whose transposed keys and values `w` holds. `partial`: the block
   // mask hides some of the tile's pairs.
   void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t block, int64_t first,
-            int64_t cols, bool partial, const cpu::Matrices<T>& dq, T* dk, T* dv,
+            int64_t cols, bool partial, const cpu::Matrices<T>& dq, Grad* dk, Grad* dv,
             TileBuffers& w) const {
     const T scale = static_cast<T>(p_.scale);
     const int64_t j0 = block + first;
@@ -427,10 +434,9 @@ class Backward {
     }
     // dQ += dS K (the keys paired from the strip's first key), dK^T += Q^T dS.
     if constexpr (kBf16Products) {
-      bf16_->round(dp, cols, rows, cols, w.ds, cols);
+      bf16_->round_both(dp, cols, rows, cols, w.ds, cols, w.ds_pairs, cols);
       bf16_->product(rows, p_.d, cols, 1, w.ds, cols, w.key_rows[first % 2] + first / 2 * p_.d,
                      p_.d, true, dq.row(h, i0), dq.row_stride);
-      bf16_->round_row_pairs(dp, cols, rows, cols, w.ds_pairs, cols);
       bf16_->product(p_.d, cols, rows, 1, bits(q_t_.row(h, 0) + i0), q_t_.row_stride, w.ds_pairs,
                      cols, true, w.dk_t + first, p_.block);
     } else {
@@ -449,7 +455,7 @@ class Backward {
   const T* lse_;
   const T* delta_;
   std::vector<cpu::Matrices<T>> dq_;
-  cpu::Matrices<T> dk_, dv_;
+  cpu::Matrices<Grad> dk_, dv_;
   int64_t splits_;
   int64_t row_ld_;
   std::vector<int64_t> mask_at_;
@@ -487,7 +493,7 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
                   const std::pair<Tensor, Tensor>& transposed) {
   const Sequences& sequences = *p.sequences;
   const cpu::Matrices<In> queries(q), keys(k), values(v), upstream(grad_out);
-  const cpu::Matrices<T> key_grads(dk), value_grads(dv);
+  const cpu::Matrices<typename Backward<T, In>::Grad> key_grads(dk), value_grads(dv);
   const auto queries_t = cpu::Matrices<In>::of(transposed.first),
              upstream_t = cpu::Matrices<In>::of(transposed.second);
   const std::vector<cpu::Matrices<T>> query_grads(dq_parts.begin(), dq_parts.end());
@@ -546,6 +552,27 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
   return relative_sum;
 }
 
+// `t` (bfloat16, rows contiguous) with its last two dims swapped, contiguous, in memory the
+// large-buffer cache keeps between calls: each matrix transposed by the bfloat16 products' own
+// transposition, a few times faster than LibTorch's copy of a transposed view.
+Tensor transposed_matrices(const Tensor& t) {
+  auto sizes = t.sizes().vec();
+  const int64_t rows = sizes[sizes.size() - 2], cols = sizes[sizes.size() - 1];
+  std::swap(sizes[sizes.size() - 1], sizes[sizes.size() - 2]);
+  Tensor out = detail::empty_large(sizes, t.options());
+  if (t.numel() == 0) return out;
+  const cpu::Matrices<c10::BFloat16> from(t);
+  uint16_t* to = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  const cpu::Bf16Products* products = cpu::bf16_products();
+  at::parallel_for(0, static_cast<int64_t>(from.at.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      products->transpose(cpu::bits(from.row(m, 0)), from.row_stride, rows, cols,
+                          to + m * rows * cols, rows);
+    }
+  });
+  return out;
+}
+
 // The gradients of `p` from inputs of In into dq_parts, dk and dv of T (see cpu_backward).
 template <typename T, typename In = T>
 void run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
@@ -556,13 +583,8 @@ void run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, co
   // The bfloat16 products contract over queries with the queries and the output gradient
   // transposed, once for every key block (in memory the large-buffer cache keeps between calls).
   std::pair<Tensor, Tensor> transposed;
-  if (!std::is_same<T, In>::value) {
-    const auto transpose = [](const Tensor& t) {
-      auto sizes = t.sizes().vec();
-      std::swap(sizes[sizes.size() - 1], sizes[sizes.size() - 2]);
-      return detail::empty_large(sizes, t.options()).copy_(t.transpose(-1, -2));
-    };
-    transposed = {transpose(q), transpose(go)};
+  if constexpr (!std::is_same<T, In>::value) {
+    transposed = {transposed_matrices(q), transposed_matrices(go)};
   }
   if (p.packed()) {
     const Tensor sum =
@@ -598,12 +620,13 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
   // The gradients are fresh tensors on every call (autograd keeps them), in the memory layout
   // of their inputs: heads split from a (B, T, H * d) projection by a view get gradients that
   // fold back into it without a copy. Large ones on huge pages (cpu::empty_in_layout_of). On the
-  // bfloat16 products they are made in float and rounded once.
+  // bfloat16 products the query gradients, summed over key blocks, are made in float and rounded
+  // once; the key and value gradients are rounded as each key block's are done.
   const auto dtype = bf16_products ? at::kFloat : q.scalar_type();
   std::vector<Tensor> dq_parts(splits);
   for (auto& part : dq_parts) part = cpu::empty_in_layout_of(q, q.sizes(), dtype).zero_();
-  const Tensor dk = cpu::empty_in_layout_of(k, k.sizes(), dtype);
-  const Tensor dv = cpu::empty_in_layout_of(v, v.sizes(), dtype);
+  const Tensor dk = cpu::empty_in_layout_of(k, k.sizes());
+  const Tensor dv = cpu::empty_in_layout_of(v, v.sizes());
   if (bf16_products) {
     run<float, c10::BFloat16>(cpu::with_float_mask(p), q, k, v, o, go, lse_rows, dq_parts, dk, dv,
                               relative_grad);
@@ -614,8 +637,7 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
   }
   for (int64_t s = 1; s < splits; ++s) dq_parts[0].add_(dq_parts[s]);
   if (!bf16_products) return {dq_parts[0], dk, dv};
-  const auto low = query.scalar_type();
-  return {cpu::converted(dq_parts[0], low), cpu::converted(dk, low), cpu::converted(dv, low)};
+  return {cpu::converted(dq_parts[0], query.scalar_type()), dk, dv};
 }
 
 }  // namespace kernels

@@ -5,6 +5,7 @@
 #include "kernels/cpu/bf16_products.h"
 #include "platform/cpu_features.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -56,6 +57,21 @@ void pack_column_pairs(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t 
       out[p * ld_out + r] = row[2 * p] | static_cast<uint32_t>(row[2 * p + 1]) << 16;
     }
     if (cols % 2 != 0) out[whole * ld_out + r] = row[cols - 1];
+  }
+}
+
+void transpose_16(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t cols, uint16_t* out,
+                  int64_t ld_out) {
+  // In squares of 32, so that the rows written stay in the first-level cache while they fill.
+  constexpr int64_t kSquare = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kSquare) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kSquare) {
+      for (int64_t c = c0; c < std::min(cols, c0 + kSquare); ++c) {
+        for (int64_t r = r0; r < std::min(rows, r0 + kSquare); ++r) {
+          out[c * ld_out + r] = in[r * ld_in + c];
+        }
+      }
+    }
   }
 }
 

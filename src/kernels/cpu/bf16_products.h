@@ -45,6 +45,20 @@ struct Bf16Products {
   /// gradients, contracted over their query rows.
   void (*round_row_pairs)(const float* in, int64_t ld_in, int64_t rows, int64_t cols, uint32_t* out,
                           int64_t ld_out);
+
+  /// round() into `out` and round_row_pairs() into `pairs` of the same values in one pass: the
+  /// backward's score gradients, which weight both the keys and the queries.
+  void (*round_both)(const float* in, int64_t ld_in, int64_t rows, int64_t cols, uint16_t* out,
+                     int64_t ld_out, uint32_t* pairs, int64_t ld_pairs);
+
+  /// pack_column_pairs() (below), the same words: the keys' pairs, once per key block.
+  void (*pack_column_pairs)(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t cols,
+                            uint32_t* out, int64_t ld_out);
+
+  /// out (cols x rows 16-bit values, row stride ld_out) = the transpose of `in` (rows x cols,
+  /// row stride ld_in): the backward's queries and output gradient, features by rows.
+  void (*transpose)(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t cols, uint16_t* out,
+                    int64_t ld_out);
 };
 
 /// The products the fused kernels take for bfloat16 in this process, decided once: those of the
@@ -73,6 +87,11 @@ void pack_row_pairs(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t col
 /// p < ceil(cols / 2); with cols odd the last pair row's high halves are 0.
 void pack_column_pairs(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t cols, uint32_t* out,
                        int64_t ld_out);
+
+/// out (cols x rows, row stride ld_out) = the transpose of `in` (rows x cols 16-bit values, row
+/// stride ld_in), in plain loops: Bf16Products::transpose where no vector form is written.
+void transpose_16(const uint16_t* in, int64_t ld_in, int64_t rows, int64_t cols, uint16_t* out,
+                  int64_t ld_out);
 
 }  // namespace cpu
 }  // namespace kernels

@@ -154,7 +154,136 @@ ATTENTION_AVX512_BF16 void round_row_pairs(const float* in, int64_t ld_in, int64
   }
 }
 
-constexpr Bf16Products kAvx512Bf16Products{"avx512_bf16", product, round, round_row_pairs};
+ATTENTION_AVX512_BF16 void round_both(const float* in, int64_t ld_in, int64_t rows, int64_t cols,
+                                      uint16_t* out, int64_t ld_out, uint32_t* pairs,
+                                      int64_t ld_pairs) {
+  for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
+    const float* low = in + 2 * p * ld_in;
+    const bool alone = 2 * p + 1 == rows;
+    uint16_t* to = out + 2 * p * ld_out;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const auto mask = first_lanes(std::min<int64_t>(16, cols - c));
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, low + c));
+      const __m256i low_bits = reinterpret_cast<const __m256i&>(rounded);
+      _mm256_mask_storeu_epi16(to + c, mask, low_bits);
+      __m512i words = _mm512_cvtepu16_epi32(low_bits);
+      if (!alone) {
+        const __m256bh next = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, low + ld_in + c));
+        const __m256i high_bits = reinterpret_cast<const __m256i&>(next);
+        _mm256_mask_storeu_epi16(to + ld_out + c, mask, high_bits);
+        words = _mm512_or_si512(words, _mm512_slli_epi32(_mm512_cvtepu16_epi32(high_bits), 16));
+      }
+      _mm512_mask_storeu_epi32(pairs + p * ld_pairs + c, mask, words);
+    }
+  }
+}
+
+// Squares of 16 x 16 words (32-bit: pairs of bfloat16 values) from the rows of `in` to the rows of
+// `out`, in registers: pairs of rows interleaved by words, then by double words, then the 128-bit
+// quarters gathered in two shuffles. Lane k of u[4g + c] after the second step holds word 4k + c of
+// rows 4g to 4g + 3; the shuffles put each word's four quarters in row order. ld_in and ld_out
+// count 16-bit values.
+ATTENTION_AVX512_BF16 ATTENTION_ALWAYS_INLINE void transpose_square(const uint16_t* in,
+                                                                    int64_t ld_in, uint16_t* out,
+                                                                    int64_t ld_out) {
+  __m512i r[16], t[16], u[16];
+  ATTENTION_UNROLL
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(in + i * ld_in);
+  ATTENTION_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  ATTENTION_UNROLL
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  ATTENTION_UNROLL
+  for (int c = 0; c < 4; ++c) {
+    // Quarters 0 and 2 of the two operands (0x88), or 1 and 3 (0xDD).
+    const __m512i even_low = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
+    const __m512i odd_low = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+    const __m512i even_high = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512i odd_high = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    _mm512_storeu_si512(out + c * ld_out, _mm512_shuffle_i32x4(even_low, even_high, 0x88));
+    _mm512_storeu_si512(out + (8 + c) * ld_out, _mm512_shuffle_i32x4(even_low, even_high, 0xDD));
+    _mm512_storeu_si512(out + (4 + c) * ld_out, _mm512_shuffle_i32x4(odd_low, odd_high, 0x88));
+    _mm512_storeu_si512(out + (12 + c) * ld_out, _mm512_shuffle_i32x4(odd_low, odd_high, 0xDD));
+  }
+}
+
+// out (words x rows words) = the transpose of `in` (rows x words words); ld_in and ld_out count
+// 16-bit values. Squares where 16 rows and 16 words remain, single words at the edges.
+ATTENTION_AVX512_BF16 void transpose_words(const uint16_t* in, int64_t ld_in, int64_t rows,
+                                           int64_t words, uint16_t* out, int64_t ld_out) {
+  const auto one = [&](int64_t r, int64_t w) {
+    std::memcpy(out + w * ld_out + 2 * r, in + r * ld_in + 2 * w, sizeof(uint32_t));
+  };
+  int64_t r0 = 0;
+  for (; r0 + 16 <= rows; r0 += 16) {
+    int64_t w0 = 0;
+    for (; w0 + 16 <= words; w0 += 16) {
+      transpose_square(in + r0 * ld_in + 2 * w0, ld_in, out + w0 * ld_out + 2 * r0, ld_out);
+    }
+    for (int64_t w = w0; w < words; ++w) {
+      for (int64_t r = r0; r < r0 + 16; ++r) one(r, w);
+    }
+  }
+  for (int64_t w = 0; w < words; ++w) {
+    for (int64_t r = r0; r < rows; ++r) one(r, w);
+  }
+}
+
+// A pair of neighbouring values of a row is one word: the column pairs are the words transposed.
+ATTENTION_AVX512_BF16 void pack_column_pairs_avx512(const uint16_t* in, int64_t ld_in, int64_t rows,
+                                                    int64_t cols, uint32_t* out, int64_t ld_out) {
+  const int64_t whole = cols / 2;
+  transpose_words(in, ld_in, rows, whole, reinterpret_cast<uint16_t*>(out), 2 * ld_out);
+  if (cols % 2 != 0) {
+    for (int64_t r = 0; r < rows; ++r) out[whole * ld_out + r] = in[r * ld_in + cols - 1];
+  }
+}
+
+// The transpose of 16-bit values as the transpose of words: rows 2p and 2p + 1 interleaved into
+// words (column c's pair), 32 rows at a time through a buffer the first-level cache holds, whose
+// words transposed are the output rows' pairs. Where an output row does not start a word (ld_out
+// odd) the plain loops do it; an odd last row goes alone.
+ATTENTION_AVX512_BF16 void transpose_avx512(const uint16_t* in, int64_t ld_in, int64_t rows,
+                                            int64_t cols, uint16_t* out, int64_t ld_out) {
+  if (ld_out % 2 != 0) return transpose_16(in, ld_in, rows, cols, out, ld_out);
+  constexpr int64_t kRows = 32, kCols = 256;
+  alignas(64) uint32_t pairs[kRows / 2 * kCols];
+  const int64_t even = rows - rows % 2;
+  for (int64_t r0 = 0; r0 < even; r0 += kRows) {
+    const int64_t pair_rows = std::min(kRows, even - r0) / 2;
+    for (int64_t c0 = 0; c0 < cols; c0 += kCols) {
+      const int64_t count = std::min(kCols, cols - c0);
+      for (int64_t p = 0; p < pair_rows; ++p) {
+        const uint16_t* low = in + (r0 + 2 * p) * ld_in + c0;
+        for (int64_t c = 0; c < count; c += 16) {
+          const auto mask = first_lanes(std::min<int64_t>(16, count - c));
+          const __m512i lows = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, low + c));
+          const __m512i highs =
+              _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, low + ld_in + c));
+          _mm512_mask_storeu_epi32(pairs + p * kCols + c, mask,
+                                   _mm512_or_si512(lows, _mm512_slli_epi32(highs, 16)));
+        }
+      }
+      transpose_words(reinterpret_cast<const uint16_t*>(pairs), 2 * kCols, pair_rows, count,
+                      out + c0 * ld_out + r0, ld_out);
+    }
+  }
+  if (even < rows) {
+    for (int64_t c = 0; c < cols; ++c) out[c * ld_out + even] = in[even * ld_in + c];
+  }
+}
+
+constexpr Bf16Products kAvx512Bf16Products{"avx512_bf16",   product,    round,
+                                           round_row_pairs, round_both, pack_column_pairs_avx512,
+                                           transpose_avx512};
 
 }  // namespace
 

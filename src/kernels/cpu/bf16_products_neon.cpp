@@ -164,7 +164,15 @@ ATTENTION_BF16 void round_row_pairs(const float* in, int64_t ld_in, int64_t rows
 #undef ATTENTION_BF16
 #undef ATTENTION_UNROLL
 
-constexpr Bf16Products kNeonBf16Products{"neon_bf16", product, round, round_row_pairs};
+void round_both(const float* in, int64_t ld_in, int64_t rows, int64_t cols, uint16_t* out,
+                int64_t ld_out, uint32_t* pairs, int64_t ld_pairs) {
+  round(in, ld_in, rows, cols, out, ld_out);
+  round_row_pairs(in, ld_in, rows, cols, pairs, ld_pairs);
+}
+
+// The packing and the transposition are the plain loops' (bf16_products.cpp).
+constexpr Bf16Products kNeonBf16Products{
+    "neon_bf16", product, round, round_row_pairs, round_both, pack_column_pairs, transpose_16};
 
 // Linux's hardware capabilities (asm/hwcap.h: HWCAP2_BF16).
 bool processor_has_neon_bf16() {

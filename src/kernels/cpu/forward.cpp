@@ -11,7 +11,8 @@
 // view/transpose are not copied, and the output is written in the queries' memory layout.
 // bfloat16 takes the processor's bfloat16 products where it has them (kernels/cpu/bf16_products.h):
 // the same loop over float scores and states, with keys and values packed in pairs as the products
-// read them, and each tile's probabilities rounded to bfloat16 before they weight the values.
+// read them, each tile's probabilities rounded to bfloat16 before they weight the values, and the
+// output accumulated in the thread's float rows and rounded once into the bfloat16 output.
 
 #include "gemm/small_gemm.h"
 #include "kernels/chunked.h"
@@ -49,6 +50,9 @@ class Forward {
                 "the bfloat16 products take bfloat16 inputs and work in float");
 
  public:
+  // The output's type: T, or on the bfloat16 products bfloat16 (rounded once from T's sums).
+  using Out = std::conditional_t<kBf16Products, In, T>;
+
   Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
           Tensor& lse)
       : p_(p),
@@ -66,7 +70,7 @@ class Forward {
   // One sequence of a packed problem: `one` is its problem (Problem::sequence), the matrices
   // start at its first query and key row, and its log-sum-exp rows (if any) lie lse_ld apart.
   // `relative`: the packed problem's relative_bias_by_position, which every sequence shares.
-  Forward(const Problem& one, Matrices<In> q, Matrices<In> k, Matrices<In> v, Matrices<T> out,
+  Forward(const Problem& one, Matrices<In> q, Matrices<In> k, Matrices<In> v, Matrices<Out> out,
           T* lse, int64_t lse_ld, const Tensor& relative)
       : p_(one),
         q_(std::move(q)),
@@ -108,19 +112,22 @@ class Forward {
   // keys transposed (and scaled), and a tile's weighted values before they are added to the
   // accumulated ones. The accumulated values are the output's own rows. On the bfloat16
   // products: the keys in pair rows (where the transposed keys would be), the values in pair
-  // rows, and a tile's probabilities rounded to bfloat16.
+  // rows, a tile's probabilities rounded to bfloat16, and the group's accumulated values (the
+  // output is rounded once from them).
   struct TileBuffers {
     cpu::TileLease lease;
     T *scores, *max, *sum, *keys_t, *product;
     uint32_t* value_pairs = nullptr;
     uint16_t* probabilities = nullptr;
+    T* acc = nullptr;
     TileBuffers(const Problem& p, int64_t group)
         : lease(2 * cpu::TileLease::tile_bytes<T>(group * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.d * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * p.dv) +
                 (kBf16Products ? cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.dv) +
-                                     cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block)
+                                     cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block) +
+                                     cpu::TileLease::tile_bytes<T>(group * p.block * p.dv)
                                : 0)),
           scores(lease.take<T>(p.block * p.block)),
           max(lease.take<T>(group * p.block)),
@@ -130,6 +137,7 @@ class Forward {
       if (kBf16Products) {
         value_pairs = lease.take<uint32_t>(pair_rows(p) * p.dv);
         probabilities = lease.take<uint16_t>(p.block * p.block);
+        acc = lease.take<T>(group * p.block * p.dv);
       }
     }
     // The pair rows of a key block's values.
@@ -151,9 +159,10 @@ class Forward {
   void query_blocks(int64_t h, int64_t first, int64_t count, TileBuffers& w) const {
     const int64_t kv = h / p_.g, i0 = first * p_.block;
     const int64_t rows = std::min(count * p_.block, p_.t_q - i0);
+    const auto [acc, acc_ld] = accumulated(h, i0, w);
     std::fill(w.max, w.max + rows, -std::numeric_limits<T>::infinity());
     std::fill(w.sum, w.sum + rows, T(0));
-    for (int64_t r = 0; r < rows; ++r) std::fill_n(out_.row(h, i0 + r), p_.dv, T(0));
+    for (int64_t r = 0; r < rows; ++r) std::fill_n(acc + r * acc_ld, p_.dv, T(0));
     const int64_t keys = keys_end(p_, i0, rows);
     for (int64_t j0 = first_key_block(i0); j0 < keys; j0 += p_.block) {
       if (blocks_.defined() && hidden_from_all(h, i0, rows, j0, std::min(p_.block, keys - j0))) {
@@ -162,7 +171,7 @@ class Forward {
       turn(kv, j0, std::min(p_.block, keys - j0), w);
       for (int64_t b = 0; b < count; ++b) {
         const int64_t offset = b * p_.block;
-        const Rows state{out_.row(h, i0 + offset), out_.row_stride, w.max + offset, w.sum + offset};
+        const Rows state{acc + offset * acc_ld, acc_ld, w.max + offset, w.sum + offset};
         key_block(h, kv, i0 + offset, std::min(p_.block, p_.t_q - i0 - offset), j0, state, w);
       }
     }
@@ -170,20 +179,33 @@ class Forward {
     for (int64_t r = 0; r < rows; ++r) {
       const bool dead = w.sum[r] == T(0);  // NaN sums are not dead: they stay NaN
       const T inverse = dead ? T(0) : T(1) / w.sum[r];
-      T* o = out_.row(h, i0 + r);
+      T* o = acc + r * acc_ld;
       for (int64_t c = 0; c < p_.dv; ++c) o[c] *= inverse;
       if (lse) lse[r] = dead ? std::numeric_limits<T>::infinity() : w.max[r] + std::log(w.sum[r]);
+    }
+    if constexpr (kBf16Products) {
+      bf16_->round(acc, acc_ld, rows, p_.dv, cpu::bits(out_.row(h, i0)), out_.row_stride);
     }
   }
 
  private:
+  // Where the rows of query head h from i0 accumulate their weighted values, and their row
+  // stride: the output's own rows, or on the bfloat16 products the thread's float rows.
+  std::pair<T*, int64_t> accumulated(int64_t h, int64_t i0, const TileBuffers& w) const {
+    if constexpr (kBf16Products) {
+      return {w.acc, p_.dv};
+    } else {
+      return {out_.row(h, i0), out_.row_stride};
+    }
+  }
+
   // The key block of `cols` keys from j0, turned once for the group's tiles. The scores read both
   // operands along rows: the keys transposed, with the scale folded in. The bfloat16 products
   // read keys and values in pair rows, and apply the scale to the scores.
   void turn(int64_t kv, int64_t j0, int64_t cols, TileBuffers& w) const {
     if constexpr (kBf16Products) {
-      cpu::pack_column_pairs(bits(k_.row(kv, j0)), k_.row_stride, cols, p_.d, w.key_pairs(),
-                             p_.block);
+      bf16_->pack_column_pairs(bits(k_.row(kv, j0)), k_.row_stride, cols, p_.d, w.key_pairs(),
+                               p_.block);
       cpu::pack_row_pairs(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.value_pairs, p_.dv);
     } else {
       cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, cols, p_.d, static_cast<T>(p_.scale),
@@ -271,7 +293,7 @@ class Forward {
   const Problem& p_;
   const cpu::Bf16Products* bf16_ = kBf16Products ? cpu::bf16_products() : nullptr;
   Matrices<In> q_, k_, v_;
-  Matrices<T> out_;
+  Matrices<Out> out_;
   T* lse_;
   int64_t lse_ld_;
   std::vector<int64_t> mask_at_;
@@ -286,7 +308,7 @@ void run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
                 const Tensor& out, const Tensor& lse) {
   const Sequences& sequences = *p.sequences;
   const Matrices<In> queries(q), keys(k), values(v);
-  const Matrices<T> outputs(out);
+  const Matrices<typename Forward<T, In>::Out> outputs(out);
   T* lse_data = lse.defined() ? lse.data_ptr<T>() : nullptr;
   const int64_t threads = at::get_num_threads();
   int64_t blocks = 0;
@@ -355,17 +377,17 @@ bool fused_cpu_applies(const Tensor& query) {
 std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, const Tensor& key,
                                       const Tensor& value, bool with_lse) {
   if (cpu::widened_to_float(query) && cpu::bf16_products()) {
-    // The inputs are read as they are; the output is made in float and rounded once.
+    // The inputs are read as they are; the output is summed in float and rounded once.
     const Problem float_problem = cpu::with_float_mask(p);
     const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
                  v = cpu::rows_contiguous(value);
     auto sizes = q.sizes().vec();
     sizes.back() = p.dv;
-    Tensor out = cpu::empty_in_layout_of(q, sizes, at::kFloat);
+    Tensor out = cpu::empty_in_layout_of(q, sizes);
     Tensor lse =
         with_lse ? torch::empty({p.n, p.g, p.t_q}, q.options().dtype(at::kFloat)) : Tensor();
     run<float, c10::BFloat16>(float_problem, q, k, v, out, lse);
-    return {cpu::converted(out, query.scalar_type()), lse};
+    return {out, lse};
   }
   if (cpu::widened_to_float(query)) {
     auto [out, lse] = cpu_forward(cpu::with_float_mask(p), cpu::widened(query), cpu::widened(key),

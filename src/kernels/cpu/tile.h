@@ -65,6 +65,9 @@ std::vector<int64_t> matrix_offsets(const torch::Tensor& t);
 inline const uint16_t* bits(const c10::BFloat16* p) {
   return reinterpret_cast<const uint16_t*>(p);
 }
+inline uint16_t* bits(c10::BFloat16* p) {
+  return reinterpret_cast<uint16_t*>(p);
+}
 
 /// One operand's matrices: the data, the element offset of each flattened leading index, and
 /// the row stride (rows are contiguous).
