@@ -36,7 +36,8 @@ struct Bf16Products {
                   const uint32_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
   /// out (rows x cols bfloat16, row stride ld_out) = in (floats, row stride ld_in) rounded to
-  /// nearest even; NaN stays NaN.
+  /// nearest even, subnormal floats included; NaN stays NaN (on AVX-512 LibTorch's bits for every
+  /// value, NaN as 0x7FC0).
   void (*round)(const float* in, int64_t ld_in, int64_t rows, int64_t cols, uint16_t* out,
                 int64_t ld_out);
 

@@ -116,24 +116,31 @@ void product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, in
                                     first_lanes);
 }
 
+// The floats at `in` (the lanes of `mask`) rounded to bfloat16 as LibTorch rounds, in the low half
+// of each 32-bit lane: to nearest even by adding 0x7FFF plus the kept part's lowest bit, NaN to
+// 0x7FC0. (vcvtneps2bf16 would flush subnormal floats to zero and keep NaN payloads, so results
+// would no longer be LibTorch's bits.)
+ATTENTION_AVX512_BF16 ATTENTION_ALWAYS_INLINE __m512i rounded_words(const float* in,
+                                                                    __mmask16 mask) {
+  const __m512 values = _mm512_maskz_loadu_ps(mask, in);
+  const __m512i bits = _mm512_castps_si512(values);
+  const __m512i lowest = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i bias = _mm512_add_epi32(lowest, _mm512_set1_epi32(0x7FFF));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
+}
+
 ATTENTION_AVX512_BF16 void round(const float* in, int64_t ld_in, int64_t rows, int64_t cols,
                                  uint16_t* out, int64_t ld_out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* from = in + r * ld_in;
     uint16_t* to = out + r * ld_out;
     for (int64_t c = 0; c < cols; c += 16) {
-      const int64_t rest = std::min<int64_t>(16, cols - c);
-      const auto mask = first_lanes(rest);
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, from + c));
-      _mm256_mask_storeu_epi16(to + c, mask, reinterpret_cast<const __m256i&>(rounded));
+      const auto mask = first_lanes(std::min<int64_t>(16, cols - c));
+      _mm512_mask_cvtepi32_storeu_epi16(to + c, mask, rounded_words(from + c, mask));
     }
   }
-}
-
-ATTENTION_AVX512_BF16 ATTENTION_ALWAYS_INLINE __m512i rounded_words(const float* in,
-                                                                    __mmask16 mask) {
-  const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, in));
-  return _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(rounded));
 }
 
 ATTENTION_AVX512_BF16 void round_row_pairs(const float* in, int64_t ld_in, int64_t rows,
@@ -163,15 +170,12 @@ ATTENTION_AVX512_BF16 void round_both(const float* in, int64_t ld_in, int64_t ro
     uint16_t* to = out + 2 * p * ld_out;
     for (int64_t c = 0; c < cols; c += 16) {
       const auto mask = first_lanes(std::min<int64_t>(16, cols - c));
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, low + c));
-      const __m256i low_bits = reinterpret_cast<const __m256i&>(rounded);
-      _mm256_mask_storeu_epi16(to + c, mask, low_bits);
-      __m512i words = _mm512_cvtepu16_epi32(low_bits);
+      __m512i words = rounded_words(low + c, mask);
+      _mm512_mask_cvtepi32_storeu_epi16(to + c, mask, words);
       if (!alone) {
-        const __m256bh next = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, low + ld_in + c));
-        const __m256i high_bits = reinterpret_cast<const __m256i&>(next);
-        _mm256_mask_storeu_epi16(to + ld_out + c, mask, high_bits);
-        words = _mm512_or_si512(words, _mm512_slli_epi32(_mm512_cvtepu16_epi32(high_bits), 16));
+        const __m512i high = rounded_words(low + ld_in + c, mask);
+        _mm512_mask_cvtepi32_storeu_epi16(to + ld_out + c, mask, high);
+        words = _mm512_or_si512(words, _mm512_slli_epi32(high, 16));
       }
       _mm512_mask_storeu_epi32(pairs + p * ld_pairs + c, mask, words);
     }
