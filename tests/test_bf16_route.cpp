@@ -330,6 +330,37 @@ TEST_CASE("the bfloat16 forward and backward stay within their roundings of floa
   }
 }
 
+TEST_CASE("the widened forward reads bfloat16 in place and gives float's result rounded once",
+          "[chunked]") {
+  // Without the bfloat16 products, queries, keys and values are widened where the kernel turns
+  // them: the same sums, to the bit, as the float kernel's on the widened tensors.
+  if (cpu::bf16_products() != nullptr) {
+    WARN(
+        "skipped: this process takes the bfloat16 products (ctest's chunked.bf16_widened runs it)");
+    return;
+  }
+  torch::manual_seed(12);
+  for (const int64_t d : {1, 33, 64}) {
+    const auto q = torch::randn({2, 4, 150, d}).to(torch::kBFloat16);
+    const auto k = torch::randn({2, 2, 170, d}).to(torch::kBFloat16);
+    const auto v = torch::randn({2, 2, 170, 40}).to(torch::kBFloat16);
+    const auto mask = torch::randn({150, 170}).to(torch::kBFloat16);
+    for (const auto& variant :
+         {Options(), Options().is_causal(true).window_left(37), Options().attn_mask(mask)}) {
+      INFO("d " << d << ", causal " << variant.is_causal() << ", mask "
+                << variant.attn_mask().defined());
+      const auto options = Options(variant).backend(F::Backend::Chunked).block_size(32);
+      auto widened = Options(options);
+      if (variant.attn_mask().defined()) widened.attn_mask(mask.to(torch::kFloat));
+      const auto got = F::scaled_dot_product_attention(q, k, v, options).output;
+      const auto want = F::scaled_dot_product_attention(q.to(torch::kFloat), k.to(torch::kFloat),
+                                                        v.to(torch::kFloat), widened)
+                            .output.to(torch::kBFloat16);
+      CHECK(torch::equal(got, want));
+    }
+  }
+}
+
 TEST_CASE("packed bfloat16 sequences stay within their roundings of float64's", "[chunked]") {
   torch::manual_seed(13);
   // Sequences that start at odd rows: the transposed queries are read from odd columns.
@@ -404,6 +435,18 @@ TEST_CASE("the widened route's conversions round as LibTorch's bfloat16 does", "
     mismatches += rounded[i] != c10::BFloat16(floats[i]).x;
   }
   CHECK(mismatches == 0);
+  // The bfloat16 products' own rounding (the probabilities, and the outputs and gradients on that
+  // route) is LibTorch's too, NaN's bits aside where the instruction set keeps them.
+  if (const cpu::Bf16Products* products = cpu::processor_bf16_products()) {
+    std::vector<uint16_t> by_products(patterns.size());
+    products->round(floats.data(), n, 1, n, by_products.data(), n);
+    const bool nan_bits = std::strcmp(products->name, "avx512_bf16") == 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!nan_bits && std::isnan(floats[i])) continue;
+      mismatches += by_products[i] != c10::BFloat16(floats[i]).x;
+    }
+    CHECK(mismatches == 0);
+  }
   std::vector<float> widened(patterns.size());
   cpu::widen_bf16(rounded.data(), widened.data(), n);
   for (int64_t i = 0; i < n; ++i) {  // exact: the upper half of a float

@@ -137,8 +137,8 @@ void gemm_through_addmm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   at::addmm_out(out, out, view(a, m, k, lda, trans_a), view(b, k, n, ldb, trans_b), beta, alpha);
 }
 
-template <typename T>
-void transpose_scaled(const T* in, int64_t ld_in, int64_t rows, int64_t cols, T alpha, T* out,
+template <typename T, typename In>
+void transpose_scaled(const In* in, int64_t ld_in, int64_t rows, int64_t cols, T alpha, T* out,
                       int64_t ld_out) {
   // In square blocks: element by element, the writes of one input row would land a whole
   // output row apart and evict each other from the cache.
@@ -149,7 +149,7 @@ void transpose_scaled(const T* in, int64_t ld_in, int64_t rows, int64_t cols, T 
       const int64_t c1 = std::min(cols, c0 + kBlock);
       for (int64_t c = c0; c < c1; ++c) {
         T* to = out + c * ld_out;
-        for (int64_t r = r0; r < r1; ++r) to[r] = alpha * in[r * ld_in + c];
+        for (int64_t r = r0; r < r1; ++r) to[r] = alpha * static_cast<T>(in[r * ld_in + c]);
       }
     }
   }
@@ -183,6 +183,8 @@ template void transpose_scaled<float>(const float*, int64_t, int64_t, int64_t, f
                                       int64_t);
 template void transpose_scaled<double>(const double*, int64_t, int64_t, int64_t, double, double*,
                                        int64_t);
+template void transpose_scaled<float, c10::BFloat16>(const c10::BFloat16*, int64_t, int64_t,
+                                                     int64_t, float, float*, int64_t);
 template void gemm_through_addmm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
                                         int64_t, const float*, int64_t, float, float*, int64_t);
 template void gemm_through_addmm<double>(bool, bool, int64_t, int64_t, int64_t, double,

@@ -8,6 +8,8 @@
 // Fortran BLAS that LibTorch itself loaded is called directly where the process has one, and
 // addmm remains the route everywhere else.
 
+#include <c10/util/BFloat16.h>
+
 #include <cstdint>
 
 namespace attention {
@@ -25,9 +27,10 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 /// out (cols x rows, row stride ld_out) = alpha * the transpose of `in` (rows x cols, row stride
 /// ld_in). The kernels turn keys and values once per key block with it, so that their products
 /// that contract over rows (scores = Q K^T) read both operands along rows, which the generated
-/// small-product kernels need (gemm/small_gemm.h) and BLAS takes as well.
-template <typename T>
-void transpose_scaled(const T* in, int64_t ld_in, int64_t rows, int64_t cols, T alpha, T* out,
+/// small-product kernels need (gemm/small_gemm.h) and BLAS takes as well. For float and double,
+/// and bfloat16 into float (widened as it is turned).
+template <typename T, typename In = T>
+void transpose_scaled(const In* in, int64_t ld_in, int64_t rows, int64_t cols, T alpha, T* out,
                       int64_t ld_out);
 
 /// The same product through LibTorch's addmm on views of the pointers: the route gemm() takes

@@ -18,6 +18,7 @@
 // probabilities and score gradients are rounded to bfloat16 once per tile; every sum is in float.
 
 #include "kernels/chunked.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/softmax.h"
 #include "kernels/cpu/tile.h"
@@ -150,19 +151,21 @@ void output_dots(const Problem& p, const Tensor& out, const Tensor& grad_out, Te
 }
 
 // T: the scores, gradients and states. In: the queries, keys, values and output gradient, T itself
-// or bfloat16 on the bfloat16 products (then T is float, and the gradients are made in float).
+// or bfloat16 (then T is float, and the gradients are summed in float). bfloat16 takes the
+// processor's bfloat16 products where it has them; elsewhere each key block's keys and values,
+// and each tile's queries and output gradient, are widened where the float kernel turns or reads
+// them (the same sums as widening the whole tensors first, without their copies in memory).
 template <typename T, typename In = T>
 class Backward {
-  static constexpr bool kBf16Products = !std::is_same<T, In>::value;
-  static_assert(!kBf16Products ||
-                    (std::is_same<T, float>::value && std::is_same<In, c10::BFloat16>::value),
-                "the bfloat16 products take bfloat16 inputs and work in float");
+  static constexpr bool kBf16 = !std::is_same<T, In>::value;
+  static_assert(!kBf16 || (std::is_same<T, float>::value && std::is_same<In, c10::BFloat16>::value),
+                "bfloat16 inputs are worked on in float");
 
  public:
-  // The key and value gradients' type: on the bfloat16 products each key block's are summed in
-  // float (transposed, in the thread's buffers) and rounded once into the caller's bfloat16
-  // tensors, so no float tensor of them is made and converted.
-  using Grad = std::conditional_t<kBf16Products, In, T>;
+  // The key and value gradients' type: for bfloat16 inputs each key block's are summed in float
+  // (in the thread's buffers) and rounded once into the caller's bfloat16 tensors, so no float
+  // tensor of them is made and converted.
+  using Grad = std::conditional_t<kBf16, In, T>;
 
   // lse and delta: (N * G, Tq), contiguous; dq_parts: one tensor per split shaped as q, zeros;
   // dk and dv shaped as k and v, every row written here. Gradients have contiguous rows. On the
@@ -246,17 +249,20 @@ class Backward {
   // One thread's tiles, from memory kept between calls: scores, probabilities, the gradient of
   // the probabilities (then of the scores), with soft-capping the cap's slope, the key block's
   // with a score modification the scores it was applied to, the key block's keys (scaled) and
-  // values transposed, and a product before it is added to a gradient. On the bfloat16 products:
-  // the block's keys and values in pair rows of their features (where the transposed ones would
-  // be), its keys in pair rows of keys (from key 0 and from key 1, for strips that start at an odd
-  // key), a tile's probabilities and score gradients rounded (score gradients in rows and in pair
-  // rows), and the block's key and value gradients transposed, in float and rounded.
+  // values transposed, and a product before it is added to a gradient. For bfloat16 inputs the
+  // block's key and value gradients in float (transposed on the bfloat16 products), and on the
+  // bfloat16 products: the block's keys and values in pair rows of their features (where the
+  // transposed ones would be), its keys in pair rows of keys (from key 0 and from key 1, for
+  // strips that start at an odd key), a tile's probabilities and score gradients rounded (score
+  // gradients in rows and in pair rows), and the gradients rounded; without them the block's keys
+  // widened and a tile's queries and output gradient widened.
   struct TileBuffers {
     cpu::TileLease lease;
     T *s, *prob, *dp, *cap_slope, *score_in, *keys_t, *values_t, *product;
     uint32_t *key_rows[2] = {nullptr, nullptr}, *prob_pairs = nullptr, *ds_pairs = nullptr;
     uint16_t *ds = nullptr, *rounded = nullptr;
     T *dk_t = nullptr, *dv_t = nullptr;
+    T *keys = nullptr, *queries = nullptr, *upstream = nullptr;
     // With a relative bias: the gradient of its bias by relative position from these tiles.
     std::vector<T> relative_grad;
     explicit TileBuffers(const Problem& p)
@@ -264,8 +270,7 @@ class Backward {
                     cpu::TileLease::tile_bytes<T>(p.block * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.d * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.dv * p.block) +
-                cpu::TileLease::tile_bytes<T>(p.block * std::max(p.d, p.dv)) +
-                (kBf16Products ? bf16_bytes(p) : 0)),
+                cpu::TileLease::tile_bytes<T>(p.block * std::max(p.d, p.dv)) + low_input_bytes(p)),
           s(lease.take<T>(p.block * p.block)),
           prob(lease.take<T>(p.block * p.block)),
           dp(lease.take<T>(p.block * p.block)),
@@ -278,23 +283,33 @@ class Backward {
                             ? static_cast<size_t>(p.heads * p.relative_count())
                             : size_t{0},
                         T(0)) {
-      if (kBf16Products) {
+      if (!kBf16) return;
+      dk_t = lease.take<T>(p.d * p.block);
+      dv_t = lease.take<T>(p.dv * p.block);
+      if (cpu::bf16_products() == nullptr) {
+        keys = lease.take<T>(p.block * p.d);
+        queries = lease.take<T>(p.block * p.d);
+        upstream = lease.take<T>(p.block * p.dv);
+      } else {
         for (auto*& rows : key_rows) rows = lease.take<uint32_t>(pair_rows(p) * p.d);
         prob_pairs = lease.take<uint32_t>(pair_rows(p) * p.block);
         ds_pairs = lease.take<uint32_t>(pair_rows(p) * p.block);
         ds = lease.take<uint16_t>(p.block * p.block);
-        dk_t = lease.take<T>(p.d * p.block);
-        dv_t = lease.take<T>(p.dv * p.block);
         rounded = lease.take<uint16_t>(std::max(p.d, p.dv) * p.block);
       }
     }
     static int64_t pair_rows(const Problem& p) { return (p.block + 1) / 2; }
-    static size_t bf16_bytes(const Problem& p) {
-      return 2 * cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.d) +
+    static size_t low_input_bytes(const Problem& p) {
+      if (!kBf16) return 0;
+      const size_t sums = cpu::TileLease::tile_bytes<T>(p.d * p.block) +
+                          cpu::TileLease::tile_bytes<T>(p.dv * p.block);
+      if (cpu::bf16_products() == nullptr) {
+        return sums + 2 * cpu::TileLease::tile_bytes<T>(p.block * p.d) +
+               cpu::TileLease::tile_bytes<T>(p.block * p.dv);
+      }
+      return sums + 2 * cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.d) +
              2 * cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.block) +
              cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block) +
-             cpu::TileLease::tile_bytes<T>(p.d * p.block) +
-             cpu::TileLease::tile_bytes<T>(p.dv * p.block) +
              cpu::TileLease::tile_bytes<uint16_t>(std::max(p.d, p.dv) * p.block);
     }
     // The block's keys and values in pair rows of their features: they fit the transposed ones.
@@ -313,14 +328,16 @@ class Backward {
   // Keys [j0, j0 + block) of key/value head kv: their gradients, from every query that sees them.
   void key_block(int64_t kv, int64_t j0, const cpu::Matrices<T>& dq, TileBuffers& w) const {
     const int64_t cols = std::min(p_.block, p_.t_k - j0);
-    Grad* dk = dk_.row(kv, j0);
-    Grad* dv = dv_.row(kv, j0);
-    if constexpr (kBf16Products) {
-      turn_bf16(kv, j0, cols, w);
+    if constexpr (kBf16) {
+      if (bf16_) {
+        turn_bf16(kv, j0, cols, w);
+      } else {
+        turn_widened(kv, j0, cols, w);
+      }
     } else {
       for (int64_t c = 0; c < cols; ++c) {
-        std::fill(dk + c * dk_.row_stride, dk + c * dk_.row_stride + p_.d, T(0));
-        std::fill(dv + c * dv_.row_stride, dv + c * dv_.row_stride + p_.dv, T(0));
+        std::fill_n(dk_.row(kv, j0 + c), p_.d, T(0));
+        std::fill_n(dv_.row(kv, j0 + c), p_.dv, T(0));
       }
       // Turned once for every query block that sees them: the scores and the probabilities'
       // gradient then read both operands along rows.
@@ -351,18 +368,12 @@ class Backward {
           const int64_t sr = std::min(strip, rows - r0);
           const auto c = cpu::strip_columns(p_, i0 + r0, sr, j0, cols);
           if (c.end > c.begin) {
-            tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, partial, dq,
-                 dk + c.begin * dk_.row_stride, dv + c.begin * dv_.row_stride, w);
+            tile(h, kv, i0 + r0, sr, j0, c.begin, c.end - c.begin, partial, dq, w);
           }
         }
       }
     }
-    if constexpr (kBf16Products) {  // the block's gradients, from their transposes, rounded
-      bf16_->round(w.dk_t, p_.block, p_.d, cols, w.rounded, p_.block);
-      bf16_->transpose(w.rounded, p_.block, p_.d, cols, cpu::bits(dk), dk_.row_stride);
-      bf16_->round(w.dv_t, p_.block, p_.dv, cols, w.rounded, p_.block);
-      bf16_->transpose(w.rounded, p_.block, p_.dv, cols, cpu::bits(dv), dv_.row_stride);
-    }
+    if constexpr (kBf16) round_key_gradients(kv, j0, cols, w);
   }
 
   // The key block of `cols` keys from j0 as the bfloat16 products read it, once for every query
@@ -380,24 +391,86 @@ class Backward {
     std::fill_n(w.dv_t, p_.dv * p_.block, T(0));
   }
 
+  // The same without the bfloat16 products: the float kernel's transposed keys and values, and
+  // the keys' rows, widened as they are turned; the block's gradients zeroed in float rows.
+  void turn_widened(int64_t kv, int64_t j0, int64_t cols, TileBuffers& w) const {
+    if constexpr (kBf16) {
+      cpu::transpose_scaled<T, In>(k_.row(kv, j0), k_.row_stride, cols, p_.d,
+                                   static_cast<T>(p_.scale), w.keys_t, p_.block);
+      cpu::transpose_scaled<T, In>(v_.row(kv, j0), v_.row_stride, cols, p_.dv, T(1), w.values_t,
+                                   p_.block);
+      for (int64_t c = 0; c < cols; ++c) {
+        cpu::widen_bf16(bits(k_.row(kv, j0 + c)), w.keys + c * p_.d, p_.d);
+      }
+      std::fill_n(w.dk_t, p_.d * p_.block, T(0));
+      std::fill_n(w.dv_t, p_.dv * p_.block, T(0));
+    }
+  }
+
+  // The key block's gradients, summed in float in the thread's buffers, rounded into the bfloat16
+  // gradients: transposed on the bfloat16 products, in rows without them.
+  void round_key_gradients(int64_t kv, int64_t j0, int64_t cols, TileBuffers& w) const {
+    if constexpr (kBf16) {
+      uint16_t* dk = bits(dk_.row(kv, j0));
+      uint16_t* dv = bits(dv_.row(kv, j0));
+      if (bf16_) {
+        bf16_->round(w.dk_t, p_.block, p_.d, cols, w.rounded, p_.block);
+        bf16_->transpose(w.rounded, p_.block, p_.d, cols, dk, dk_.row_stride);
+        bf16_->round(w.dv_t, p_.block, p_.dv, cols, w.rounded, p_.block);
+        bf16_->transpose(w.rounded, p_.block, p_.dv, cols, dv, dv_.row_stride);
+        return;
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        cpu::round_to_bf16(w.dk_t + c * p_.d, dk + c * dk_.row_stride, p_.d);
+        cpu::round_to_bf16(w.dv_t + c * p_.dv, dv + c * dv_.row_stride, p_.dv);
+      }
+    }
+  }
+
+  // Float rows of a tile's operands, and their row stride: the inputs and gradients themselves,
+  // or for bfloat16 inputs without the bfloat16 products the thread's widened rows and float sums.
+  struct FloatRows {
+    const T *q, *go, *k;
+    int64_t q_ld, go_ld, k_ld;
+    T *dk, *dv;
+    int64_t dk_ld, dv_ld;
+  };
+
+  // Those of queries [i0, i0 + rows) of head h and keys from j0 = the key block's first + `first`
+  // (widening the tile's queries and output gradient where they are bfloat16).
+  FloatRows float_rows(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, int64_t first,
+                       TileBuffers& w) const {
+    if constexpr (kBf16) {
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::widen_bf16(bits(q_.row(h, i0 + r)), w.queries + r * p_.d, p_.d);
+        cpu::widen_bf16(bits(go_.row(h, i0 + r)), w.upstream + r * p_.dv, p_.dv);
+      }
+      return {w.queries, w.upstream, w.keys + first * p_.d, p_.d,
+              p_.dv,     p_.d,       w.dk_t + first * p_.d, w.dv_t + first * p_.dv,
+              p_.d,      p_.dv};
+    } else {
+      (void)first;
+      (void)w;
+      return {q_.row(h, i0), go_.row(h, i0),  k_.row(kv, j0),  q_.row_stride,  go_.row_stride,
+              k_.row_stride, dk_.row(kv, j0), dv_.row(kv, j0), dk_.row_stride, dv_.row_stride};
+    }
+  }
+
   // Queries [i0, i0 + rows) of query head h against keys [block + first, block + first + cols)
   // of head kv, the key block whose transposed keys and values `w` holds. `partial`: the block
   // mask hides some of the tile's pairs.
   void tile(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t block, int64_t first,
-            int64_t cols, bool partial, const cpu::Matrices<T>& dq, Grad* dk, Grad* dv,
-            TileBuffers& w) const {
+            int64_t cols, bool partial, const cpu::Matrices<T>& dq, TileBuffers& w) const {
     const T scale = static_cast<T>(p_.scale);
     const int64_t j0 = block + first;
-    const In* q = q_.row(h, i0);
-    const In* k = k_.row(kv, j0);
-    const In* go = go_.row(h, i0);
     T *s = w.s, *prob = w.prob, *dp = w.dp, *cap_slope = w.cap_slope;
-    if constexpr (kBf16Products) {
-      bf16_->product(rows, cols, p_.d, scale, bits(q), q_.row_stride, w.key_pairs() + first,
-                     p_.block, false, s, cols);
+    FloatRows f{};
+    if (bf16_) {
+      bf16_scores(h, i0, rows, first, cols, w);
     } else {
-      cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q, q_.row_stride, w.keys_t + first, p_.block,
-                   0, s, cols);
+      f = float_rows(h, kv, i0, rows, j0, first, w);
+      cpu::gemm<T>(false, false, rows, cols, p_.d, 1, f.q, f.q_ld, w.keys_t + first, p_.block, 0, s,
+                   cols);
     }
     cpu::prepare_scores<T>(p_, mask_at_, h, i0, rows, j0, cols, s, cols, cap_slope,
                            relative_.defined() ? relative_.data_ptr<T>() : nullptr, w.score_in);
@@ -405,17 +478,13 @@ class Backward {
     dispatch_probabilities(s, prob, rows, cols, p_.bounded_right(), i0 + 1 + p_.diagonal() - j0,
                            lse_ + h * row_ld_ + i0);
     // dV^T += dO^T P, dP = dO V^T.
-    if constexpr (kBf16Products) {
-      bf16_->round_row_pairs(prob, cols, rows, cols, w.prob_pairs, cols);
-      bf16_->product(p_.dv, cols, rows, 1, bits(go_t_.row(h, 0) + i0), go_t_.row_stride,
-                     w.prob_pairs, cols, true, w.dv_t + first, p_.block);
-      bf16_->product(rows, cols, p_.dv, 1, bits(go), go_.row_stride, w.value_pairs() + first,
-                     p_.block, false, dp, cols);
+    if (bf16_) {
+      bf16_value_products(h, i0, rows, first, cols, w);
     } else {
-      cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, go, go_.row_stride, 1, dv,
-                   dv_.row_stride, w.product);
-      cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, go, go_.row_stride, w.values_t + first,
-                   p_.block, 0, dp, cols);
+      cpu::gemm<T>(true, false, cols, p_.dv, rows, 1, prob, cols, f.go, f.go_ld, 1, f.dv, f.dv_ld,
+                   w.product);
+      cpu::gemm<T>(false, false, rows, cols, p_.dv, 1, f.go, f.go_ld, w.values_t + first, p_.block,
+                   0, dp, cols);
     }
     // With a relative bias or a score modification the gradient of the scores themselves is
     // wanted first: the scale is applied after the bias's gradient by relative position has
@@ -432,23 +501,54 @@ class Backward {
     if (cap_slope) {  // through softcap * tanh(s / softcap)
       for (int64_t e = 0; e < rows * cols; ++e) dp[e] *= cap_slope[e];
     }
-    // dQ += dS K (the keys paired from the strip's first key), dK^T += Q^T dS.
-    if constexpr (kBf16Products) {
-      bf16_->round_both(dp, cols, rows, cols, w.ds, cols, w.ds_pairs, cols);
+    // dQ += dS K, dK += dS^T Q.
+    if (bf16_) {
+      bf16_key_products(h, i0, rows, first, cols, dq, w);
+    } else {
+      cpu::gemm<T>(false, false, rows, p_.d, cols, 1, dp, cols, f.k, f.k_ld, 1, dq.row(h, i0),
+                   dq.row_stride, w.product);
+      cpu::gemm<T>(true, false, cols, p_.d, rows, 1, dp, cols, f.q, f.q_ld, 1, f.dk, f.dk_ld,
+                   w.product);
+    }
+  }
+
+  // The tile's scores on the bfloat16 products, the scale applied to the sums.
+  void bf16_scores(int64_t h, int64_t i0, int64_t rows, int64_t first, int64_t cols,
+                   TileBuffers& w) const {
+    if constexpr (kBf16) {
+      bf16_->product(rows, cols, p_.d, static_cast<float>(p_.scale), bits(q_.row(h, i0)),
+                     q_.row_stride, w.key_pairs() + first, p_.block, false, w.s, cols);
+    }
+  }
+
+  // dV^T += dO^T P and dP = dO V^T on the bfloat16 products.
+  void bf16_value_products(int64_t h, int64_t i0, int64_t rows, int64_t first, int64_t cols,
+                           TileBuffers& w) const {
+    if constexpr (kBf16) {
+      bf16_->round_row_pairs(w.prob, cols, rows, cols, w.prob_pairs, cols);
+      bf16_->product(p_.dv, cols, rows, 1, bits(go_t_.row(h, 0) + i0), go_t_.row_stride,
+                     w.prob_pairs, cols, true, w.dv_t + first, p_.block);
+      bf16_->product(rows, cols, p_.dv, 1, bits(go_.row(h, i0)), go_.row_stride,
+                     w.value_pairs() + first, p_.block, false, w.dp, cols);
+    }
+  }
+
+  // dQ += dS K (the keys paired from the strip's first key) and dK^T += Q^T dS on the bfloat16
+  // products.
+  void bf16_key_products(int64_t h, int64_t i0, int64_t rows, int64_t first, int64_t cols,
+                         const cpu::Matrices<T>& dq, TileBuffers& w) const {
+    if constexpr (kBf16) {
+      bf16_->round_both(w.dp, cols, rows, cols, w.ds, cols, w.ds_pairs, cols);
       bf16_->product(rows, p_.d, cols, 1, w.ds, cols, w.key_rows[first % 2] + first / 2 * p_.d,
                      p_.d, true, dq.row(h, i0), dq.row_stride);
       bf16_->product(p_.d, cols, rows, 1, bits(q_t_.row(h, 0) + i0), q_t_.row_stride, w.ds_pairs,
                      cols, true, w.dk_t + first, p_.block);
-    } else {
-      cpu::gemm<T>(false, false, rows, p_.d, cols, 1, dp, cols, k, k_.row_stride, 1, dq.row(h, i0),
-                   dq.row_stride, w.product);
-      cpu::gemm<T>(true, false, cols, p_.d, rows, 1, dp, cols, q, q_.row_stride, 1, dk,
-                   dk_.row_stride, w.product);
     }
   }
 
   const Problem& p_;
-  const cpu::Bf16Products* bf16_ = kBf16Products ? cpu::bf16_products() : nullptr;
+  // The bfloat16 products for bfloat16 inputs, where the processor has them (else nullptr).
+  const cpu::Bf16Products* bf16_ = kBf16 ? cpu::bf16_products() : nullptr;
   cpu::Matrices<In> q_, k_, v_, go_;
   // On the bfloat16 products: the queries and the output gradient transposed (features by rows).
   cpu::Matrices<In> q_t_, go_t_;
@@ -584,7 +684,7 @@ void run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, co
   // transposed, once for every key block (in memory the large-buffer cache keeps between calls).
   std::pair<Tensor, Tensor> transposed;
   if constexpr (!std::is_same<T, In>::value) {
-    transposed = {transposed_matrices(q), transposed_matrices(go)};
+    if (cpu::bf16_products()) transposed = {transposed_matrices(q), transposed_matrices(go)};
   }
   if (p.packed()) {
     const Tensor sum =
@@ -603,14 +703,7 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
                                                 const Tensor& key, const Tensor& value,
                                                 const Tensor& out, const Tensor& lse,
                                                 const Tensor& grad_out, Tensor* relative_grad) {
-  const bool bf16_products = cpu::widened_to_float(query) && cpu::bf16_products() != nullptr;
-  if (cpu::widened_to_float(query) && !bf16_products) {
-    auto [dq, dk, dv] = cpu_backward(cpu::with_float_mask(p), cpu::widened(query),
-                                     cpu::widened(key), cpu::widened(value), cpu::widened(out),
-                                     cpu::widened(lse), cpu::widened(grad_out), relative_grad);
-    const auto dtype = query.scalar_type();
-    return {cpu::converted(dq, dtype), cpu::converted(dk, dtype), cpu::converted(dv, dtype)};
-  }
+  const bool bf16 = cpu::widened_to_float(query);
   const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
                v = cpu::rows_contiguous(value);
   const Tensor go = cpu::rows_contiguous(grad_out), o = cpu::rows_contiguous(out);
@@ -619,15 +712,15 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
       p.packed() ? packed_splits(p) : splits_per_head(p, (p.t_k + p.block - 1) / p.block);
   // The gradients are fresh tensors on every call (autograd keeps them), in the memory layout
   // of their inputs: heads split from a (B, T, H * d) projection by a view get gradients that
-  // fold back into it without a copy. Large ones on huge pages (cpu::empty_in_layout_of). On the
-  // bfloat16 products the query gradients, summed over key blocks, are made in float and rounded
-  // once; the key and value gradients are rounded as each key block's are done.
-  const auto dtype = bf16_products ? at::kFloat : q.scalar_type();
+  // fold back into it without a copy. Large ones on huge pages (cpu::empty_in_layout_of). For
+  // bfloat16 the query gradients, summed over key blocks, are made in float and rounded once; the
+  // key and value gradients are rounded as each key block's are done.
+  const auto dtype = bf16 ? at::kFloat : q.scalar_type();
   std::vector<Tensor> dq_parts(splits);
   for (auto& part : dq_parts) part = cpu::empty_in_layout_of(q, q.sizes(), dtype).zero_();
   const Tensor dk = cpu::empty_in_layout_of(k, k.sizes());
   const Tensor dv = cpu::empty_in_layout_of(v, v.sizes());
-  if (bf16_products) {
+  if (bf16) {
     run<float, c10::BFloat16>(cpu::with_float_mask(p), q, k, v, o, go, lse_rows, dq_parts, dk, dv,
                               relative_grad);
   } else {
@@ -636,7 +729,7 @@ std::tuple<Tensor, Tensor, Tensor> cpu_backward(const Problem& p, const Tensor& 
     });
   }
   for (int64_t s = 1; s < splits; ++s) dq_parts[0].add_(dq_parts[s]);
-  if (!bf16_products) return {dq_parts[0], dk, dv};
+  if (!bf16) return {dq_parts[0], dk, dv};
   return {cpu::converted(dq_parts[0], query.scalar_type()), dk, dv};
 }
 

@@ -9,13 +9,17 @@
 // with AVX-512's or AVX2's intrinsics where the processor has them: kernels/cpu/softmax.h).
 // Queries, keys and values are read in place through their strides, so heads split by a
 // view/transpose are not copied, and the output is written in the queries' memory layout.
-// bfloat16 takes the processor's bfloat16 products where it has them (kernels/cpu/bf16_products.h):
-// the same loop over float scores and states, with keys and values packed in pairs as the products
-// read them, each tile's probabilities rounded to bfloat16 before they weight the values, and the
-// output accumulated in the thread's float rows and rounded once into the bfloat16 output.
+// bfloat16 is read as it is and worked on in float: the same loop over float scores and states,
+// the output accumulated in the thread's float rows and rounded once into the bfloat16 output. On
+// the processor's bfloat16 products (kernels/cpu/bf16_products.h) keys and values are packed in
+// pairs as the products read them and each tile's probabilities are rounded to bfloat16 before
+// they weight the values; elsewhere an item's queries, and each key block's keys and values, are
+// widened where they are turned, and the float products run on them (the same sums as widening
+// the whole tensors first, without their copies in memory).
 
 #include "gemm/small_gemm.h"
 #include "kernels/chunked.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/softmax_step.h"
 #include "kernels/cpu/tile.h"
@@ -41,17 +45,16 @@ using cpu::Matrices;
 using torch::Tensor;
 
 // T: the scores, the softmax's states and the output. In: the queries, keys and values, T itself
-// or bfloat16 on the bfloat16 products (then T is float).
+// or bfloat16 (then T is float).
 template <typename T, typename In = T>
 class Forward {
-  static constexpr bool kBf16Products = !std::is_same<T, In>::value;
-  static_assert(!kBf16Products ||
-                    (std::is_same<T, float>::value && std::is_same<In, c10::BFloat16>::value),
-                "the bfloat16 products take bfloat16 inputs and work in float");
+  static constexpr bool kBf16 = !std::is_same<T, In>::value;
+  static_assert(!kBf16 || (std::is_same<T, float>::value && std::is_same<In, c10::BFloat16>::value),
+                "bfloat16 inputs are worked on in float");
 
  public:
-  // The output's type: T, or on the bfloat16 products bfloat16 (rounded once from T's sums).
-  using Out = std::conditional_t<kBf16Products, In, T>;
+  // The output's type: T, or for bfloat16 inputs bfloat16 (rounded once from T's sums).
+  using Out = std::conditional_t<kBf16, In, T>;
 
   Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
           Tensor& lse)
@@ -110,35 +113,48 @@ class Forward {
   // One thread's buffers, reused for every item it takes, from memory kept between calls: the
   // scores, each row's running maximum and sum for the query blocks of a group, the key block's
   // keys transposed (and scaled), and a tile's weighted values before they are added to the
-  // accumulated ones. The accumulated values are the output's own rows. On the bfloat16
-  // products: the keys in pair rows (where the transposed keys would be), the values in pair
-  // rows, a tile's probabilities rounded to bfloat16, and the group's accumulated values (the
-  // output is rounded once from them).
+  // accumulated ones. The accumulated values are the output's own rows. For bfloat16 inputs:
+  // the group's accumulated values (the output is rounded once from them), and on the bfloat16
+  // products the keys in pair rows (where the transposed keys would be), the values in pair rows
+  // and a tile's probabilities rounded to bfloat16; without them the group's queries and the key
+  // block's values widened.
   struct TileBuffers {
     cpu::TileLease lease;
     T *scores, *max, *sum, *keys_t, *product;
+    T* acc = nullptr;
     uint32_t* value_pairs = nullptr;
     uint16_t* probabilities = nullptr;
-    T* acc = nullptr;
+    T *queries = nullptr, *values = nullptr;
+    int64_t queries_from = 0;  // the first query row that `queries` holds
     TileBuffers(const Problem& p, int64_t group)
         : lease(2 * cpu::TileLease::tile_bytes<T>(group * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.block * p.block) +
                 cpu::TileLease::tile_bytes<T>(p.d * p.block) +
-                cpu::TileLease::tile_bytes<T>(p.block * p.dv) +
-                (kBf16Products ? cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.dv) +
-                                     cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block) +
-                                     cpu::TileLease::tile_bytes<T>(group * p.block * p.dv)
-                               : 0)),
+                cpu::TileLease::tile_bytes<T>(p.block * p.dv) + low_input_bytes(p, group)),
           scores(lease.take<T>(p.block * p.block)),
           max(lease.take<T>(group * p.block)),
           sum(lease.take<T>(group * p.block)),
           keys_t(lease.take<T>(p.d * p.block)),
           product(lease.take<T>(p.block * p.dv)) {
-      if (kBf16Products) {
+      if (!kBf16) return;
+      acc = lease.take<T>(group * p.block * p.dv);
+      if (cpu::bf16_products()) {
         value_pairs = lease.take<uint32_t>(pair_rows(p) * p.dv);
         probabilities = lease.take<uint16_t>(p.block * p.block);
-        acc = lease.take<T>(group * p.block * p.dv);
+      } else {
+        queries = lease.take<T>(group * p.block * p.d);
+        values = lease.take<T>(p.block * p.dv);
       }
+    }
+    static size_t low_input_bytes(const Problem& p, int64_t group) {
+      if (!kBf16) return 0;
+      const size_t acc = cpu::TileLease::tile_bytes<T>(group * p.block * p.dv);
+      if (cpu::bf16_products()) {
+        return acc + cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.dv) +
+               cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block);
+      }
+      return acc + cpu::TileLease::tile_bytes<T>(group * p.block * p.d) +
+             cpu::TileLease::tile_bytes<T>(p.block * p.dv);
     }
     // The pair rows of a key block's values.
     static int64_t pair_rows(const Problem& p) { return (p.block + 1) / 2; }
@@ -163,6 +179,14 @@ class Forward {
     std::fill(w.max, w.max + rows, -std::numeric_limits<T>::infinity());
     std::fill(w.sum, w.sum + rows, T(0));
     for (int64_t r = 0; r < rows; ++r) std::fill_n(acc + r * acc_ld, p_.dv, T(0));
+    if constexpr (kBf16) {
+      if (!bf16_) {  // the group's queries widened once for all of its key blocks
+        for (int64_t r = 0; r < rows; ++r) {
+          cpu::widen_bf16(bits(q_.row(h, i0 + r)), w.queries + r * p_.d, p_.d);
+        }
+        w.queries_from = i0;
+      }
+    }
     const int64_t keys = keys_end(p_, i0, rows);
     for (int64_t j0 = first_key_block(i0); j0 < keys; j0 += p_.block) {
       if (blocks_.defined() && hidden_from_all(h, i0, rows, j0, std::min(p_.block, keys - j0))) {
@@ -183,8 +207,14 @@ class Forward {
       for (int64_t c = 0; c < p_.dv; ++c) o[c] *= inverse;
       if (lse) lse[r] = dead ? std::numeric_limits<T>::infinity() : w.max[r] + std::log(w.sum[r]);
     }
-    if constexpr (kBf16Products) {
-      bf16_->round(acc, acc_ld, rows, p_.dv, cpu::bits(out_.row(h, i0)), out_.row_stride);
+    if constexpr (kBf16) {
+      if (bf16_) {
+        bf16_->round(acc, acc_ld, rows, p_.dv, cpu::bits(out_.row(h, i0)), out_.row_stride);
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          cpu::round_to_bf16(acc + r * acc_ld, cpu::bits(out_.row(h, i0 + r)), p_.dv);
+        }
+      }
     }
   }
 
@@ -192,7 +222,7 @@ class Forward {
   // Where the rows of query head h from i0 accumulate their weighted values, and their row
   // stride: the output's own rows, or on the bfloat16 products the thread's float rows.
   std::pair<T*, int64_t> accumulated(int64_t h, int64_t i0, const TileBuffers& w) const {
-    if constexpr (kBf16Products) {
+    if constexpr (kBf16) {
       return {w.acc, p_.dv};
     } else {
       return {out_.row(h, i0), out_.row_stride};
@@ -201,12 +231,21 @@ class Forward {
 
   // The key block of `cols` keys from j0, turned once for the group's tiles. The scores read both
   // operands along rows: the keys transposed, with the scale folded in. The bfloat16 products
-  // read keys and values in pair rows, and apply the scale to the scores.
+  // read keys and values in pair rows, and apply the scale to the scores; without them bfloat16
+  // keys are widened as they are transposed, and values into the thread's rows.
   void turn(int64_t kv, int64_t j0, int64_t cols, TileBuffers& w) const {
-    if constexpr (kBf16Products) {
-      bf16_->pack_column_pairs(bits(k_.row(kv, j0)), k_.row_stride, cols, p_.d, w.key_pairs(),
-                               p_.block);
-      cpu::pack_row_pairs(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.value_pairs, p_.dv);
+    if constexpr (kBf16) {
+      if (bf16_) {
+        bf16_->pack_column_pairs(bits(k_.row(kv, j0)), k_.row_stride, cols, p_.d, w.key_pairs(),
+                                 p_.block);
+        cpu::pack_row_pairs(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.value_pairs, p_.dv);
+        return;
+      }
+      cpu::transpose_scaled<T, In>(k_.row(kv, j0), k_.row_stride, cols, p_.d,
+                                   static_cast<T>(p_.scale), w.keys_t, p_.block);
+      for (int64_t c = 0; c < cols; ++c) {
+        cpu::widen_bf16(bits(v_.row(kv, j0 + c)), w.values + c * p_.dv, p_.dv);
+      }
     } else {
       cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, cols, p_.d, static_cast<T>(p_.scale),
                                w.keys_t, p_.block);
@@ -267,31 +306,72 @@ class Forward {
             int64_t cols, int64_t ld, int64_t seen, bool partial, const Rows& state, T* scores,
             const TileBuffers& w) const {
     const int64_t j0 = block + from;
-    if constexpr (kBf16Products) {
-      bf16_->product(rows, cols, p_.d, static_cast<float>(p_.scale), bits(q_.row(h, i)),
-                     q_.row_stride, w.key_pairs() + from, p_.block, false, scores, ld);
+    if (bf16_) {
+      bf16_scores(h, i, rows, from, cols, scores, ld, w);
     } else {
-      cpu::gemm<T>(false, false, rows, cols, p_.d, 1, q_.row(h, i), q_.row_stride, w.keys_t + from,
-                   p_.block, 0, scores, ld);
+      const auto [queries, ldq] = query_rows(h, i, w);
+      cpu::gemm<T>(false, false, rows, cols, p_.d, 1, queries, ldq, w.keys_t + from, p_.block, 0,
+                   scores, ld);
     }
     cpu::prepare_scores<T>(p_, mask_at_, h, i, rows, j0, cols, scores, ld, nullptr,
                            relative_.defined() ? relative_.data_ptr<T>() : nullptr);
     if (partial) blocks_.hide(h, i, rows, j0, cols, scores, ld);
     cpu::online_softmax_step(scores, rows, cols, ld, p_.bounded_right(), seen, state.max, state.sum,
                              state.acc, p_.dv, state.acc_ld);
-    if constexpr (kBf16Products) {
+    if (bf16_) {
+      bf16_values(rows, from, cols, scores, ld, state, w);
+    } else {
+      const auto [values, ldv] = value_rows(kv, j0, from, w);
+      cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, values, ldv, 1, state.acc,
+                   state.acc_ld, w.product);
+    }
+  }
+
+  // The scores of queries [i, i + rows) of head h against the key block's keys from `from` on the
+  // bfloat16 products, the scale applied to the sums.
+  void bf16_scores(int64_t h, int64_t i, int64_t rows, int64_t from, int64_t cols, T* scores,
+                   int64_t ld, const TileBuffers& w) const {
+    if constexpr (kBf16) {
+      bf16_->product(rows, cols, p_.d, static_cast<float>(p_.scale), bits(q_.row(h, i)),
+                     q_.row_stride, w.key_pairs() + from, p_.block, false, scores, ld);
+    }
+  }
+
+  // The tile's probabilities, rounded to bfloat16, weighting the key block's values from `from` on
+  // the bfloat16 products, added to the rows' accumulated values.
+  void bf16_values(int64_t rows, int64_t from, int64_t cols, const T* scores, int64_t ld,
+                   const Rows& state, const TileBuffers& w) const {
+    if constexpr (kBf16) {
       // `from` is a multiple of the granule, so its keys start a pair row.
       bf16_->round(scores, ld, rows, cols, w.probabilities, p_.block);
       bf16_->product(rows, p_.dv, cols, 1, w.probabilities, p_.block,
                      w.value_pairs + from / 2 * p_.dv, p_.dv, true, state.acc, state.acc_ld);
+    }
+  }
+
+  // The float rows the products read for query row i of head h, and their stride: the queries
+  // themselves, or bfloat16 queries widened (the group's, in the thread's rows).
+  std::pair<const T*, int64_t> query_rows(int64_t h, int64_t i, const TileBuffers& w) const {
+    if constexpr (kBf16) {
+      return {w.queries + (i - w.queries_from) * p_.d, p_.d};
     } else {
-      cpu::gemm<T>(false, false, rows, p_.dv, cols, 1, scores, ld, v_.row(kv, j0), v_.row_stride, 1,
-                   state.acc, state.acc_ld, w.product);
+      return {q_.row(h, i), q_.row_stride};
+    }
+  }
+
+  // The same for the values of keys from j0 = the key block's first + `from`.
+  std::pair<const T*, int64_t> value_rows(int64_t kv, int64_t j0, int64_t from,
+                                          const TileBuffers& w) const {
+    if constexpr (kBf16) {
+      return {w.values + from * p_.dv, p_.dv};
+    } else {
+      return {v_.row(kv, j0), v_.row_stride};
     }
   }
 
   const Problem& p_;
-  const cpu::Bf16Products* bf16_ = kBf16Products ? cpu::bf16_products() : nullptr;
+  // The bfloat16 products for bfloat16 inputs, where the processor has them (else nullptr).
+  const cpu::Bf16Products* bf16_ = kBf16 ? cpu::bf16_products() : nullptr;
   Matrices<In> q_, k_, v_;
   Matrices<Out> out_;
   T* lse_;
@@ -376,7 +456,7 @@ bool fused_cpu_applies(const Tensor& query) {
 
 std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, const Tensor& key,
                                       const Tensor& value, bool with_lse) {
-  if (cpu::widened_to_float(query) && cpu::bf16_products()) {
+  if (cpu::widened_to_float(query)) {
     // The inputs are read as they are; the output is summed in float and rounded once.
     const Problem float_problem = cpu::with_float_mask(p);
     const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
@@ -388,12 +468,6 @@ std::pair<Tensor, Tensor> cpu_forward(const Problem& p, const Tensor& query, con
         with_lse ? torch::empty({p.n, p.g, p.t_q}, q.options().dtype(at::kFloat)) : Tensor();
     run<float, c10::BFloat16>(float_problem, q, k, v, out, lse);
     return {out, lse};
-  }
-  if (cpu::widened_to_float(query)) {
-    auto [out, lse] = cpu_forward(cpu::with_float_mask(p), cpu::widened(query), cpu::widened(key),
-                                  cpu::widened(value), with_lse);
-    // The log-sum-exp stays float for the backward.
-    return {cpu::converted(out, query.scalar_type()), lse};
   }
   const Tensor q = cpu::rows_contiguous(query), k = cpu::rows_contiguous(key),
                v = cpu::rows_contiguous(value);
