@@ -4,7 +4,7 @@
 //   attention-bench [--threads N] [--repeats N] [--quick] GROUP...
 //   groups: matmul article raschka raschka-train core-train decode
 //           dtypes             (the attention core on Chunked and the Raschka module, float32
-//                               and bfloat16; with ATTENTION_CPU_BF16=widened in the
+//                               and bfloat16 in turn; with ATTENTION_CPU_BF16=widened in the
 //                               environment bfloat16's records are named `...bfloat16.widened`)
 //           long:IMPL:T        (IMPL chunked|math, one long-context measurement with its peak
 //                               memory; run it in a process of its own: the peak is the process's)
@@ -421,11 +421,32 @@ void bench_zoo_layer() {
   }
 }
 
+// The medians of `fns` (after one warm-up call each), each called once per round in turn: a drift
+// of the machine's speed during the measurement moves them alike, so their ratios hold.
+std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns,
+                                        int repeats) {
+  for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> times(fns.size());
+  for (int r = 0; r < repeats; ++r) {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      times[f].push_back(median_ms(fns[f], 1, false));
+    }
+  }
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    const size_t mid = t.size() / 2;
+    medians.push_back(t.size() % 2 ? t[mid] : (t[mid - 1] + t[mid]) / 2);
+  }
+  return medians;
+}
+
 // The attention core on Chunked (B=8, H=12, T=1024, head size 64, causal) and the Raschka module
 // (MultiHeadAttention, Auto) in float32 and in bfloat16, side by side: forward, and forward and
-// backward. bfloat16 takes the processor's bfloat16 products where it has them
-// (src/kernels/cpu/bf16_products.h), else runs the float kernels on widened inputs;
-// ATTENTION_CPU_BF16=widened forces the latter, and its records say so in their name.
+// backward, each pass's float32 and bfloat16 calls in turn (interleaved_medians). bfloat16 takes
+// the processor's bfloat16 products where it has them (src/kernels/cpu/bf16_products.h), else
+// the float kernels, widening where they read; ATTENTION_CPU_BF16=widened forces the latter, and
+// its records say so in their name.
 void bench_dtypes() {
   Raschka c;
   if (settings.quick) c = {2, 128, 64, 4};
@@ -434,48 +455,64 @@ void bench_dtypes() {
   const double forward_gflop = 2.0 * c.b * c.h * c.t * c.t * (c.d / c.h) / 1e9;
   const double train_gflop = 3.5 * forward_gflop;  // backward 5 products to the forward's 2
   const double module_gflop = mha_gflop(c.b, c.t, c.d, true);
+  struct Inputs {
+    std::string name;
+    torch::Tensor q, k, v, upstream, x;
+    attention::MultiHeadAttention mha{nullptr};
+  };
+  std::vector<Inputs> inputs;
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    const std::string name = dtype == torch::kFloat ? "float32" : "bfloat16" + widened;
-    if (dtype == torch::kFloat && !widened.empty()) continue;  // float32 has one route
+    Inputs in;
+    in.name = dtype == torch::kFloat ? "float32" : "bfloat16" + widened;
     torch::manual_seed(0);
     const auto make = [&] {
       return torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype).requires_grad_();
     };
-    auto q = make(), k = make(), v = make();
-    const auto upstream = torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype);
-    const std::string impl = "cpp.core.chunked." + name;
-    progress("dtypes " + impl);
-    const auto options =
-        F::ScaledDotProductAttentionOptions().is_causal(true).backend(Backend::Chunked);
-    const double forward_ms = median_ms(
-        [&] {
-          torch::NoGradGuard no_grad;
-          F::scaled_dot_product_attention(q, k, v, options);
-        },
-        settings.repeats);
-    record("dtypes", impl, "forward", c.t, forward_ms, forward_gflop);
-    const double train_ms =
-        median_ms([&] { causal_train_step(q, k, v, upstream, Backend::Chunked); },
-                  std::max(1, settings.repeats / 2));
-    record("dtypes", impl, "forward+backward", c.t, train_ms, train_gflop);
-
-    attention::MultiHeadAttention mha(
+    in.q = make();
+    in.k = make();
+    in.v = make();
+    in.upstream = torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype);
+    in.mha = attention::MultiHeadAttention(
         attention::MultiHeadAttentionOptions(c.d, c.d, c.h).context_length(c.t));
-    mha->to(dtype);
-    const auto x = torch::randn({c.b, c.t, c.d}).to(dtype).requires_grad_();
-    const std::string module = "cpp.fused.auto." + name;
-    progress("dtypes " + module);
-    const double module_ms = median_ms(
-        [&] {
-          torch::NoGradGuard no_grad;
-          mha(x);
-        },
-        settings.repeats);
-    record("dtypes", module, "forward", c.t, module_ms, module_gflop);
-    const double module_train_ms = median_ms(
-        [&] { mha(x).output.sum().backward(); },  // as raschka-train: weights' gradients too
-        std::max(1, settings.repeats / 2));
-    record("dtypes", module, "forward+backward", c.t, module_train_ms, 3.0 * module_gflop);
+    in.mha->to(dtype);
+    in.x = torch::randn({c.b, c.t, c.d}).to(dtype).requires_grad_();
+    inputs.push_back(std::move(in));
+  }
+  const auto options =
+      F::ScaledDotProductAttentionOptions().is_causal(true).backend(Backend::Chunked);
+  const auto each = [&](const std::function<void(Inputs&)>& step) {
+    std::vector<std::function<void()>> fns;
+    for (auto& in : inputs) fns.push_back([&step, &in] { step(in); });
+    return fns;
+  };
+  progress("dtypes cpp.core.chunked: float32 and bfloat16" + widened + " in turn");
+  const auto core_ms =
+      interleaved_medians(each([&](Inputs& in) {
+                            torch::NoGradGuard no_grad;
+                            F::scaled_dot_product_attention(in.q, in.k, in.v, options);
+                          }),
+                          settings.repeats);
+  const auto core_train_ms = interleaved_medians(
+      each([&](Inputs& in) { causal_train_step(in.q, in.k, in.v, in.upstream, Backend::Chunked); }),
+      std::max(1, settings.repeats / 2));
+  progress("dtypes cpp.fused.auto: float32 and bfloat16" + widened + " in turn");
+  const auto module_ms = interleaved_medians(each([&](Inputs& in) {
+                                               torch::NoGradGuard no_grad;
+                                               in.mha(in.x);
+                                             }),
+                                             settings.repeats);
+  const auto module_train_ms = interleaved_medians(
+      each([&](Inputs& in) {
+        in.mha(in.x).output.sum().backward();  // as raschka-train: weights' gradients too
+      }),
+      std::max(1, settings.repeats / 2));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string core = "cpp.core.chunked." + inputs[i].name;
+    record("dtypes", core, "forward", c.t, core_ms[i], forward_gflop);
+    record("dtypes", core, "forward+backward", c.t, core_train_ms[i], train_gflop);
+    const std::string module = "cpp.fused.auto." + inputs[i].name;
+    record("dtypes", module, "forward", c.t, module_ms[i], module_gflop);
+    record("dtypes", module, "forward+backward", c.t, module_train_ms[i], 3.0 * module_gflop);
   }
 }
 

@@ -150,11 +150,19 @@ void output_dots(const Problem& p, const Tensor& out, const Tensor& grad_out, Te
   });
 }
 
+// What a bfloat16 call prepares once for every key block: on the bfloat16 products the queries and
+// the output gradient transposed (last two dims swapped, contiguous), without them the two
+// widened to float (each is read by every key block; keys and values are widened where the key
+// block is turned). Undefined where unused.
+struct Prepared {
+  Tensor queries_t, upstream_t, queries, upstream;
+};
+
 // T: the scores, gradients and states. In: the queries, keys, values and output gradient, T itself
 // or bfloat16 (then T is float, and the gradients are summed in float). bfloat16 takes the
-// processor's bfloat16 products where it has them; elsewhere each key block's keys and values,
-// and each tile's queries and output gradient, are widened where the float kernel turns or reads
-// them (the same sums as widening the whole tensors first, without their copies in memory).
+// processor's bfloat16 products where it has them; elsewhere the float products, on the prepared
+// widened queries and output gradient and on each key block's keys and values widened as they
+// are turned (the sums of widening every tensor first, without the copies of the others).
 template <typename T, typename In = T>
 class Backward {
   static constexpr bool kBf16 = !std::is_same<T, In>::value;
@@ -168,20 +176,20 @@ class Backward {
   using Grad = std::conditional_t<kBf16, In, T>;
 
   // lse and delta: (N * G, Tq), contiguous; dq_parts: one tensor per split shaped as q, zeros;
-  // dk and dv shaped as k and v, every row written here. Gradients have contiguous rows. On the
-  // bfloat16 products, `transposed` holds the queries and the output gradient with their last two
-  // dims swapped, contiguous.
+  // dk and dv shaped as k and v, every row written here. Gradients have contiguous rows.
   Backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
            const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
            const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv,
-           const std::pair<Tensor, Tensor>& transposed = {})
+           const Prepared& prepared = {})
       : p_(p),
         q_(q),
         k_(k),
         v_(v),
         go_(grad_out),
-        q_t_(cpu::Matrices<In>::of(transposed.first)),
-        go_t_(cpu::Matrices<In>::of(transposed.second)),
+        q_t_(cpu::Matrices<In>::of(prepared.queries_t)),
+        go_t_(cpu::Matrices<In>::of(prepared.upstream_t)),
+        q_wide_(cpu::Matrices<T>::of(prepared.queries)),
+        go_wide_(cpu::Matrices<T>::of(prepared.upstream)),
         lse_(lse.data_ptr<T>()),
         delta_(delta.data_ptr<T>()),
         dq_(dq_parts.begin(), dq_parts.end()),
@@ -205,6 +213,7 @@ class Backward {
   // gradient is summed from the threads' buffers by the caller).
   struct Sequence {
     cpu::Matrices<In> q, k, v, grad_out, q_t, grad_out_t;
+    cpu::Matrices<T> q_wide, grad_out_wide;
     const T *lse, *delta;
     int64_t row_ld;
     std::vector<cpu::Matrices<T>> dq_parts;
@@ -221,6 +230,8 @@ class Backward {
         go_(std::move(s.grad_out)),
         q_t_(std::move(s.q_t)),
         go_t_(std::move(s.grad_out_t)),
+        q_wide_(std::move(s.q_wide)),
+        go_wide_(std::move(s.grad_out_wide)),
         lse_(s.lse),
         delta_(s.delta),
         dq_(std::move(s.dq_parts)),
@@ -255,14 +266,14 @@ class Backward {
   // transposed ones would be), its keys in pair rows of keys (from key 0 and from key 1, for
   // strips that start at an odd key), a tile's probabilities and score gradients rounded (score
   // gradients in rows and in pair rows), and the gradients rounded; without them the block's keys
-  // widened and a tile's queries and output gradient widened.
+  // widened.
   struct TileBuffers {
     cpu::TileLease lease;
     T *s, *prob, *dp, *cap_slope, *score_in, *keys_t, *values_t, *product;
     uint32_t *key_rows[2] = {nullptr, nullptr}, *prob_pairs = nullptr, *ds_pairs = nullptr;
     uint16_t *ds = nullptr, *rounded = nullptr;
     T *dk_t = nullptr, *dv_t = nullptr;
-    T *keys = nullptr, *queries = nullptr, *upstream = nullptr;
+    T* keys = nullptr;
     // With a relative bias: the gradient of its bias by relative position from these tiles.
     std::vector<T> relative_grad;
     explicit TileBuffers(const Problem& p)
@@ -288,8 +299,6 @@ class Backward {
       dv_t = lease.take<T>(p.dv * p.block);
       if (cpu::bf16_products() == nullptr) {
         keys = lease.take<T>(p.block * p.d);
-        queries = lease.take<T>(p.block * p.d);
-        upstream = lease.take<T>(p.block * p.dv);
       } else {
         for (auto*& rows : key_rows) rows = lease.take<uint32_t>(pair_rows(p) * p.d);
         prob_pairs = lease.take<uint32_t>(pair_rows(p) * p.block);
@@ -303,10 +312,8 @@ class Backward {
       if (!kBf16) return 0;
       const size_t sums = cpu::TileLease::tile_bytes<T>(p.d * p.block) +
                           cpu::TileLease::tile_bytes<T>(p.dv * p.block);
-      if (cpu::bf16_products() == nullptr) {
-        return sums + 2 * cpu::TileLease::tile_bytes<T>(p.block * p.d) +
-               cpu::TileLease::tile_bytes<T>(p.block * p.dv);
-      }
+      if (cpu::bf16_products() == nullptr)
+        return sums + cpu::TileLease::tile_bytes<T>(p.block * p.d);
       return sums + 2 * cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.d) +
              2 * cpu::TileLease::tile_bytes<uint32_t>(pair_rows(p) * p.block) +
              cpu::TileLease::tile_bytes<uint16_t>(p.block * p.block) +
@@ -428,32 +435,45 @@ class Backward {
   }
 
   // Float rows of a tile's operands, and their row stride: the inputs and gradients themselves,
-  // or for bfloat16 inputs without the bfloat16 products the thread's widened rows and float sums.
+  // or for bfloat16 inputs without the bfloat16 products the widened queries and output gradient,
+  // the key block's widened keys and its gradients' float sums in the thread's rows.
   struct FloatRows {
-    const T *q, *go, *k;
-    int64_t q_ld, go_ld, k_ld;
-    T *dk, *dv;
-    int64_t dk_ld, dv_ld;
+    const T *q = nullptr, *go = nullptr, *k = nullptr;
+    int64_t q_ld = 0, go_ld = 0, k_ld = 0;
+    T *dk = nullptr, *dv = nullptr;
+    int64_t dk_ld = 0, dv_ld = 0;
   };
 
-  // Those of queries [i0, i0 + rows) of head h and keys from j0 = the key block's first + `first`
-  // (widening the tile's queries and output gradient where they are bfloat16).
-  FloatRows float_rows(int64_t h, int64_t kv, int64_t i0, int64_t rows, int64_t j0, int64_t first,
-                       TileBuffers& w) const {
+  // Those of queries from i0 of head h and keys from j0 = the key block's first + `first`.
+  FloatRows float_rows(int64_t h, int64_t kv, int64_t i0, int64_t j0, int64_t first,
+                       const TileBuffers& w) const {
+    FloatRows f;
     if constexpr (kBf16) {
-      for (int64_t r = 0; r < rows; ++r) {
-        cpu::widen_bf16(bits(q_.row(h, i0 + r)), w.queries + r * p_.d, p_.d);
-        cpu::widen_bf16(bits(go_.row(h, i0 + r)), w.upstream + r * p_.dv, p_.dv);
-      }
-      return {w.queries, w.upstream, w.keys + first * p_.d, p_.d,
-              p_.dv,     p_.d,       w.dk_t + first * p_.d, w.dv_t + first * p_.dv,
-              p_.d,      p_.dv};
+      f.q = q_wide_.row(h, i0);
+      f.q_ld = q_wide_.row_stride;
+      f.go = go_wide_.row(h, i0);
+      f.go_ld = go_wide_.row_stride;
+      f.k = w.keys + first * p_.d;
+      f.k_ld = p_.d;
+      f.dk = w.dk_t + first * p_.d;
+      f.dk_ld = p_.d;
+      f.dv = w.dv_t + first * p_.dv;
+      f.dv_ld = p_.dv;
     } else {
       (void)first;
       (void)w;
-      return {q_.row(h, i0), go_.row(h, i0),  k_.row(kv, j0),  q_.row_stride,  go_.row_stride,
-              k_.row_stride, dk_.row(kv, j0), dv_.row(kv, j0), dk_.row_stride, dv_.row_stride};
+      f.q = q_.row(h, i0);
+      f.q_ld = q_.row_stride;
+      f.go = go_.row(h, i0);
+      f.go_ld = go_.row_stride;
+      f.k = k_.row(kv, j0);
+      f.k_ld = k_.row_stride;
+      f.dk = dk_.row(kv, j0);
+      f.dk_ld = dk_.row_stride;
+      f.dv = dv_.row(kv, j0);
+      f.dv_ld = dv_.row_stride;
     }
+    return f;
   }
 
   // Queries [i0, i0 + rows) of query head h against keys [block + first, block + first + cols)
@@ -468,7 +488,7 @@ class Backward {
     if (bf16_) {
       bf16_scores(h, i0, rows, first, cols, w);
     } else {
-      f = float_rows(h, kv, i0, rows, j0, first, w);
+      f = float_rows(h, kv, i0, j0, first, w);
       cpu::gemm<T>(false, false, rows, cols, p_.d, 1, f.q, f.q_ld, w.keys_t + first, p_.block, 0, s,
                    cols);
     }
@@ -550,8 +570,10 @@ class Backward {
   // The bfloat16 products for bfloat16 inputs, where the processor has them (else nullptr).
   const cpu::Bf16Products* bf16_ = kBf16 ? cpu::bf16_products() : nullptr;
   cpu::Matrices<In> q_, k_, v_, go_;
-  // On the bfloat16 products: the queries and the output gradient transposed (features by rows).
+  // On the bfloat16 products: the queries and the output gradient transposed (features by rows);
+  // for bfloat16 without them, the two widened.
   cpu::Matrices<In> q_t_, go_t_;
+  cpu::Matrices<T> q_wide_, go_wide_;
   const T* lse_;
   const T* delta_;
   std::vector<cpu::Matrices<T>> dq_;
@@ -590,12 +612,14 @@ template <typename T, typename In>
 Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& grad_out, const Tensor& lse, const Tensor& delta,
                   const std::vector<Tensor>& dq_parts, const Tensor& dk, const Tensor& dv,
-                  const std::pair<Tensor, Tensor>& transposed) {
+                  const Prepared& prepared) {
   const Sequences& sequences = *p.sequences;
   const cpu::Matrices<In> queries(q), keys(k), values(v), upstream(grad_out);
   const cpu::Matrices<typename Backward<T, In>::Grad> key_grads(dk), value_grads(dv);
-  const auto queries_t = cpu::Matrices<In>::of(transposed.first),
-             upstream_t = cpu::Matrices<In>::of(transposed.second);
+  const auto queries_t = cpu::Matrices<In>::of(prepared.queries_t),
+             upstream_t = cpu::Matrices<In>::of(prepared.upstream_t);
+  const auto queries_wide = cpu::Matrices<T>::of(prepared.queries),
+             upstream_wide = cpu::Matrices<T>::of(prepared.upstream);
   const std::vector<cpu::Matrices<T>> query_grads(dq_parts.begin(), dq_parts.end());
   const int64_t splits = static_cast<int64_t>(dq_parts.size());
   struct Item {
@@ -616,11 +640,12 @@ Tensor run_packed(const Problem& p, const Tensor& q, const Tensor& k, const Tens
     std::vector<cpu::Matrices<T>> dq;
     for (const auto& part : query_grads) dq.push_back(part.from_row(q0));
     parts.emplace_back(
-        one, typename Backward<T, In>::Sequence{
-                 queries.from_row(q0), keys.from_row(k0), values.from_row(k0),
-                 upstream.from_row(q0), queries_t.from_column(q0), upstream_t.from_column(q0),
-                 lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q, std::move(dq),
-                 key_grads.from_row(k0), value_grads.from_row(k0), relative});
+        one,
+        typename Backward<T, In>::Sequence{
+            queries.from_row(q0), keys.from_row(k0), values.from_row(k0), upstream.from_row(q0),
+            queries_t.from_column(q0), upstream_t.from_column(q0), queries_wide.from_row(q0),
+            upstream_wide.from_row(q0), lse.data_ptr<T>() + q0, delta.data_ptr<T>() + q0, p.t_q,
+            std::move(dq), key_grads.from_row(k0), value_grads.from_row(k0), relative});
     const int64_t part = static_cast<int64_t>(parts.size()) - 1;
     // The pairs of scores of the sequence's query heads, shared by its splits, and the key rows
     // that are written either way.
@@ -681,17 +706,24 @@ void run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, co
   Tensor delta = torch::empty({p.n * p.g, p.t_q}, q.options().dtype(lse_rows.scalar_type()));
   output_dots<T, In>(p, o, go, delta);
   // The bfloat16 products contract over queries with the queries and the output gradient
-  // transposed, once for every key block (in memory the large-buffer cache keeps between calls).
-  std::pair<Tensor, Tensor> transposed;
+  // transposed; without them the float products read the two widened. Either is made once for
+  // every key block, in memory the large-buffer cache keeps between calls.
+  Prepared prepared;
   if constexpr (!std::is_same<T, In>::value) {
-    if (cpu::bf16_products()) transposed = {transposed_matrices(q), transposed_matrices(go)};
+    if (cpu::bf16_products()) {
+      prepared.queries_t = transposed_matrices(q);
+      prepared.upstream_t = transposed_matrices(go);
+    } else {
+      prepared.queries = cpu::widened(q);
+      prepared.upstream = cpu::widened(go);
+    }
   }
   if (p.packed()) {
     const Tensor sum =
-        run_packed<T, In>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv, transposed);
+        run_packed<T, In>(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv, prepared);
     if (relative_grad) *relative_grad = sum;
   } else {
-    Backward<T, In> backward(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv, transposed);
+    Backward<T, In> backward(p, q, k, v, go, lse_rows, delta, dq_parts, dk, dv, prepared);
     backward.run();
     if (relative_grad) *relative_grad = backward.relative_gradient();
   }
