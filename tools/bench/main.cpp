@@ -5,7 +5,8 @@
 //   groups: matmul article raschka raschka-train core-train decode
 //           dtypes             (the attention core on Chunked and the Raschka module, float32
 //                               and bfloat16 in turn; with ATTENTION_CPU_BF16=widened in the
-//                               environment bfloat16's records are named `...bfloat16.widened`)
+//                               environment the records are named `...bfloat16.widened` and
+//                               `...float32.widened_run`)
 //           long:IMPL:T        (IMPL chunked|math, one long-context measurement with its peak
 //                               memory; run it in a process of its own: the peak is the process's)
 //           long-train:IMPL:T  (the same for the forward and backward)
@@ -463,7 +464,9 @@ void bench_dtypes() {
   std::vector<Inputs> inputs;
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
     Inputs in;
-    in.name = dtype == torch::kFloat ? "float32" : "bfloat16" + widened;
+    // A widened run's float32 is named apart: the report pairs it with that run's bfloat16.
+    in.name = dtype == torch::kFloat ? (widened.empty() ? "float32" : "float32.widened_run")
+                                     : "bfloat16" + widened;
     torch::manual_seed(0);
     const auto make = [&] {
       return torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype).requires_grad_();
