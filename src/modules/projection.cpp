@@ -7,12 +7,16 @@
 // take the shapes (gemm/large_gemm.h), and to LibTorch's BLAS everywhere else. bfloat16 on a
 // processor without bfloat16 products (where the library's own kernels widen it:
 // kernels/cpu/bf16_products.h) is widened into float's products too: LibTorch's bfloat16
-// products emulate them there, at half float's rate or less.
+// products emulate them there, at half float's rate or less. The conversions are the library's
+// own (kernels/cpu/bf16_convert.h: LibTorch's copy_ converts at a third of the memory's rate),
+// into memory the large-buffer cache keeps.
 
 #include "modules/projection.h"
 #include "checks.h"
 #include "gemm/large_gemm.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/bf16_products.h"
+#include "kernels/cpu/tile.h"
 #include "memory/empty_large.h"
 
 #include <torch/autograd.h>
@@ -46,7 +50,19 @@ bool widens_bf16(const Tensor& x, int64_t rows) {
 }
 
 Tensor widened(const Tensor& t) {
-  return t.defined() ? t.to(at::kFloat) : t;
+  return t.defined() ? kernels::cpu::widened(t) : t;
+}
+
+// `from` (float) rounded into `to` (bfloat16, the same sizes): in one run where both are dense in
+// the same order, else by LibTorch's copy.
+void round_into(Tensor& to, const Tensor& from) {
+  if (to.is_non_overlapping_and_dense() && to.strides() == from.strides()) {
+    kernels::cpu::round_to_bf16(from.data_ptr<float>(),
+                                reinterpret_cast<uint16_t*>(to.data_ptr<at::BFloat16>()),
+                                from.numel());
+  } else {
+    to.copy_(from);
+  }
 }
 
 // c = op(a) b (op(a) = a^T when trans_a), or c += op(a) b when `accumulate`, on the generated
@@ -74,8 +90,8 @@ void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tenso
   auto out_rows = out.view({-1, weight.size(0)});
   if (widens_bf16(x, x.numel() / x.size(-1))) {
     Tensor wide = empty_large(out.sizes(), out.options().dtype(at::kFloat));
-    linear_into(wide, x.to(at::kFloat), widened(weight), widened(bias));
-    out.copy_(wide);
+    linear_into(wide, widened(x), widened(weight), widened(bias));
+    round_into(out, wide);
     return;
   }
   // The generated kernels take B untransposed: W^T once per call, made only where they are the
@@ -120,11 +136,12 @@ void linear_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, 
   if (widens_bf16(g, g.size(0))) {
     // In float, each gradient rounded once (x's added to what the other projections gave it).
     Tensor dx_wide, dw_wide, db_wide;
-    linear_backward(g.to(at::kFloat), x.to(at::kFloat), widened(weight), need_x, need_weight,
-                    need_bias, dx_wide, dw_wide, db_wide);
-    if (need_x) dx = dx.defined() ? dx.add_(dx_wide) : dx_wide.to(at::kBFloat16);
-    if (need_weight) dw = dw_wide.to(at::kBFloat16);
-    if (need_bias) db = db_wide.to(at::kBFloat16);
+    linear_backward(widened(g), widened(x), widened(weight), need_x, need_weight, need_bias,
+                    dx_wide, dw_wide, db_wide);
+    const auto rounded = [](const Tensor& t) { return kernels::cpu::converted(t, at::kBFloat16); };
+    if (need_x) dx = dx.defined() ? dx.add_(dx_wide) : rounded(dx_wide);
+    if (need_weight) dw = rounded(dw_wide);
+    if (need_bias) db = rounded(db_wide);
     return;
   }
   // The upstream of a sum is one value expanded: made contiguous (one pass) for the products.
