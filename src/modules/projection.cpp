@@ -14,7 +14,6 @@
 #include "modules/projection.h"
 #include "checks.h"
 #include "gemm/large_gemm.h"
-#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/tile.h"
 #include "memory/empty_large.h"
@@ -53,18 +52,6 @@ Tensor widened(const Tensor& t) {
   return t.defined() ? kernels::cpu::widened(t) : t;
 }
 
-// `from` (float) rounded into `to` (bfloat16, the same sizes): in one run where both are dense in
-// the same order, else by LibTorch's copy.
-void round_into(Tensor& to, const Tensor& from) {
-  if (to.is_non_overlapping_and_dense() && to.strides() == from.strides()) {
-    kernels::cpu::round_to_bf16(from.data_ptr<float>(),
-                                reinterpret_cast<uint16_t*>(to.data_ptr<at::BFloat16>()),
-                                from.numel());
-  } else {
-    to.copy_(from);
-  }
-}
-
 // c = op(a) b (op(a) = a^T when trans_a), or c += op(a) b when `accumulate`, on the generated
 // kernels; false, c untouched, where they do not take it (BLAS preferred on this machine, another
 // device or type, a non-contiguous operand, sides not multiples of 16).
@@ -91,7 +78,7 @@ void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tenso
   if (widens_bf16(x, x.numel() / x.size(-1))) {
     Tensor wide = empty_large(out.sizes(), out.options().dtype(at::kFloat));
     linear_into(wide, widened(x), widened(weight), widened(bias));
-    round_into(out, wide);
+    kernels::cpu::copy_converted(out, wide);
     return;
   }
   // The generated kernels take B untransposed: W^T once per call, made only where they are the

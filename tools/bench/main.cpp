@@ -80,6 +80,13 @@ Settings settings;
 
 // The median of `repeats` timed calls; a warm-up call first, unless the caller made it:
 // first-touch page faults and lazy initialisation are not what is measured.
+// The median as Python's statistics.median takes it.
+double median_of(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  const size_t mid = times.size() / 2;
+  return times.size() % 2 ? times[mid] : (times[mid - 1] + times[mid]) / 2;
+}
+
 double median_ms(const std::function<void()>& fn, int repeats, bool warm_up = true) {
   if (warm_up) fn();
   std::vector<double> times;
@@ -90,9 +97,7 @@ double median_ms(const std::function<void()>& fn, int repeats, bool warm_up = tr
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
             .count());
   }
-  std::sort(times.begin(), times.end());
-  const size_t mid = times.size() / 2;  // the median as Python's statistics.median takes it
-  return times.size() % 2 ? times[mid] : (times[mid - 1] + times[mid]) / 2;
+  return median_of(std::move(times));
 }
 
 double peak_rss_mb() {
@@ -434,11 +439,7 @@ std::vector<double> interleaved_medians(const std::vector<std::function<void()>>
     }
   }
   std::vector<double> medians;
-  for (auto& t : times) {
-    std::sort(t.begin(), t.end());
-    const size_t mid = t.size() / 2;
-    medians.push_back(t.size() % 2 ? t[mid] : (t[mid - 1] + t[mid]) / 2);
-  }
+  for (auto& t : times) medians.push_back(median_of(std::move(t)));
   return medians;
 }
 

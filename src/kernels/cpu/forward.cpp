@@ -220,7 +220,7 @@ class Forward {
 
  private:
   // Where the rows of query head h from i0 accumulate their weighted values, and their row
-  // stride: the output's own rows, or on the bfloat16 products the thread's float rows.
+  // stride: the output's own rows, or for bfloat16 inputs the thread's float rows.
   std::pair<T*, int64_t> accumulated(int64_t h, int64_t i0, const TileBuffers& w) const {
     if constexpr (kBf16) {
       return {w.acc, p_.dv};

@@ -37,12 +37,17 @@ torch::Tensor empty_in_layout_of(const torch::Tensor& like, c10::IntArrayRef siz
 torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype) {
   if (t.scalar_type() == dtype) return t;
   torch::Tensor out = empty_in_layout_of(t, t.sizes(), dtype);
+  copy_converted(out, t);
+  return out;
+}
+
+void copy_converted(torch::Tensor& out, const torch::Tensor& t) {
   // bfloat16 to float and back, where both lie densely in the same order: one run of memory.
-  const auto from = t.scalar_type();
+  const auto from = t.scalar_type(), dtype = out.scalar_type();
   const bool bf16_pair = (from == at::kBFloat16 && dtype == at::kFloat) ||
                          (from == at::kFloat && dtype == at::kBFloat16);
-  if (bf16_pair && t.device().is_cpu() && t.is_non_overlapping_and_dense() &&
-      out.strides() == t.strides()) {
+  if (bf16_pair && t.device().is_cpu() && out.device().is_cpu() &&
+      t.is_non_overlapping_and_dense() && out.strides() == t.strides()) {
     if (from == at::kBFloat16) {
       widen_bf16(reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()),
                  out.data_ptr<float>(), t.numel());
@@ -50,9 +55,9 @@ torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype) {
       round_to_bf16(t.data_ptr<float>(), reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
                     t.numel());
     }
-    return out;
+    return;
   }
-  return out.copy_(t);
+  out.copy_(t);
 }
 
 namespace {

@@ -39,6 +39,10 @@ Problem with_float_mask(const Problem& p);
 /// input and result on every call would cost its page faults every time.
 torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype);
 
+/// out = t in out's dtype (the same sizes): the library's own conversion where bfloat16 and float
+/// lie densely in the same order, LibTorch's copy_ elsewhere.
+void copy_converted(torch::Tensor& out, const torch::Tensor& t);
+
 /// The float copy of an input that widened_to_float().
 inline torch::Tensor widened(const torch::Tensor& t) {
   return converted(t, at::kFloat);
