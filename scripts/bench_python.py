@@ -4,7 +4,8 @@ reference modules, torch.nn.MultiheadAttention and PyTorch's scaled dot-product 
 Prints one JSON record per measurement.
 
     bench_python.py [--threads N] [--repeats N] [--quick] GROUP...
-    groups: matmul article raschka raschka-train core-train long:T long-train:T block-attention:T
+    groups: matmul article raschka raschka-train core-train dtypes long:T long-train:T
+            block-attention:T
             operators (python/attention_ops: its library from ATTENTION_OPS_LIBRARY)
 """
 
@@ -142,6 +143,51 @@ def bench_core_train(args):
            median_ms(step, max(1, args.repeats // 2)), 7.0 * b * h * t * t * (d // h) / 1e9)
 
 
+def interleaved_medians(fns, repeats):
+    """Each call of `fns` in turn, `repeats` rounds after one warm-up round; the median of each, so
+    that the host's drift moves them together (attention-bench's interleaved_medians)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+def bench_dtypes(args):
+    """PyTorch's SDPA as attention-bench's dtypes core (B=8, H=12, T=1024, head size 64, causal)
+    and a 2048^2 matmul, float32 and bfloat16 in turn: forward, and forward and backward."""
+    b, t, d, h = (2, 128, 64, 4) if args.quick else (8, 1024, 768, 12)
+    inputs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, h, t, d // h).to(dtype).requires_grad_() for _ in range(3))
+        upstream = torch.randn(b, h, t, d // h).to(dtype)
+        a, m = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
+        inputs.append((str(dtype).split(".")[1], q, k, v, upstream, a, m))
+
+    def forward(q, k, v):
+        with torch.no_grad():
+            sdpa(q, k, v, True)
+    progress("dtypes sdpa and matmul: float32 and bfloat16 in turn")
+    forward_ms = interleaved_medians([lambda i=i: forward(*i[1:4]) for i in inputs], args.repeats)
+    train_ms = interleaved_medians(
+        [lambda i=i: torch.autograd.grad(sdpa(*i[1:4], True), i[1:4], i[4]) for i in inputs],
+        max(1, args.repeats // 2))
+    matmul_ms = interleaved_medians([lambda i=i: torch.mm(i[5], i[6]) for i in inputs],
+                                    args.repeats)
+    forward_gflop = 2.0 * b * h * t * t * (d // h) / 1e9
+    for i, (name, *_) in enumerate(inputs):
+        record("dtypes", f"python.core.sdpa.{name}", "forward", t, forward_ms[i], forward_gflop)
+        record("dtypes", f"python.core.sdpa.{name}", "forward+backward", t, train_ms[i],
+               3.5 * forward_gflop)
+        record("dtypes", f"python.mm_2048.{name}", "forward", 2048, matmul_ms[i],
+               2.0 * 2048 ** 3 / 1e9)
+
+
 def bench_long_train(args, t):
     q, k, v = (torch.randn(1, 8, t, 64, requires_grad=True) for _ in range(3))
     upstream = torch.randn(1, 8, t, 64)
@@ -274,6 +320,8 @@ def main():
             bench_raschka(args, group == "raschka-train")
         elif group == "core-train":
             bench_core_train(args)
+        elif group == "dtypes":
+            bench_dtypes(args)
         elif group.startswith("long-train:"):
             bench_long_train(args, int(group.split(":")[1]))
         elif group.startswith("long:"):

@@ -11,6 +11,10 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace attention {
 namespace kernels {
@@ -35,6 +39,26 @@ inline bool processor_has_avx512_bf16() {
   if (!processor_has_avx512f() || __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0)
     return false;
   return (eax >> 5 & 1u) != 0;
+#else
+  return false;
+#endif
+}
+
+/// Whether this process may run AMX's bfloat16 tile products (Intel Sapphire Rapids and later):
+/// CPUID's AMX-TILE and AMX-BF16 (leaf 7, subleaf 0, EDX bits 24 and 22), and Linux's leave to
+/// use the tile registers, which a process must ask for (arch_prctl ARCH_REQ_XCOMP_PERM for
+/// XTILEDATA, granted to every thread of the process). Asked once; false off Linux on x86-64.
+inline bool processor_has_amx_bf16() {
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool granted = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    if ((edx >> 24 & 1u) == 0 || (edx >> 22 & 1u) == 0) return false;
+    constexpr long kRequestPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long kTileData = 18;               // XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return granted;
 #else
   return false;
 #endif

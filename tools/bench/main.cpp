@@ -4,9 +4,9 @@
 //   attention-bench [--threads N] [--repeats N] [--quick] GROUP...
 //   groups: matmul article raschka raschka-train core-train decode
 //           dtypes             (the attention core on Chunked and the Raschka module, float32
-//                               and bfloat16 in turn; with ATTENTION_CPU_BF16=widened in the
-//                               environment the records are named `...bfloat16.widened` and
-//                               `...float32.widened_run`)
+//                               and bfloat16 in turn; with ATTENTION_CPU_BF16=ROUTE in the
+//                               environment the records are named `...bfloat16.ROUTE` and
+//                               `...float32.ROUTE_run`)
 //           long:IMPL:T        (IMPL chunked|math, one long-context measurement with its peak
 //                               memory; run it in a process of its own: the peak is the process's)
 //           long-train:IMPL:T  (the same for the forward and backward)
@@ -447,13 +447,16 @@ std::vector<double> interleaved_medians(const std::vector<std::function<void()>>
 // (MultiHeadAttention, Auto) in float32 and in bfloat16, side by side: forward, and forward and
 // backward, each pass's float32 and bfloat16 calls in turn (interleaved_medians). bfloat16 takes
 // the processor's bfloat16 products where it has them (src/kernels/cpu/bf16_products.h), else
-// the float kernels, widening where they read; ATTENTION_CPU_BF16=widened forces the latter, and
-// its records say so in their name.
+// the float kernels, widening where they read; ATTENTION_CPU_BF16=widened forces the latter,
+// ATTENTION_CPU_BF16=avx512_bf16 the vector products on a processor with AMX's tiles, and the
+// records say which in their name.
 void bench_dtypes() {
   Raschka c;
   if (settings.quick) c = {2, 128, 64, 4};
+  // A route ATTENTION_CPU_BF16 forces names the run's records: `bfloat16.widened` and
+  // `float32.widened_run`, `bfloat16.avx512_bf16` and `float32.avx512_bf16_run`.
   const char* route = std::getenv("ATTENTION_CPU_BF16");
-  const std::string widened = route && std::string(route) == "widened" ? ".widened" : "";
+  const std::string forced = route != nullptr && *route != '\0' ? std::string(".") + route : "";
   const double forward_gflop = 2.0 * c.b * c.h * c.t * c.t * (c.d / c.h) / 1e9;
   const double train_gflop = 3.5 * forward_gflop;  // backward 5 products to the forward's 2
   const double module_gflop = mha_gflop(c.b, c.t, c.d, true);
@@ -465,9 +468,9 @@ void bench_dtypes() {
   std::vector<Inputs> inputs;
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
     Inputs in;
-    // A widened run's float32 is named apart: the report pairs it with that run's bfloat16.
-    in.name = dtype == torch::kFloat ? (widened.empty() ? "float32" : "float32.widened_run")
-                                     : "bfloat16" + widened;
+    // A forced run's float32 is named apart: the report pairs it with that run's bfloat16.
+    in.name = dtype == torch::kFloat ? (forced.empty() ? "float32" : "float32" + forced + "_run")
+                                     : "bfloat16" + forced;
     torch::manual_seed(0);
     const auto make = [&] {
       return torch::randn({c.b, c.h, c.t, c.d / c.h}).to(dtype).requires_grad_();
@@ -489,7 +492,7 @@ void bench_dtypes() {
     for (auto& in : inputs) fns.push_back([&step, &in] { step(in); });
     return fns;
   };
-  progress("dtypes cpp.core.chunked: float32 and bfloat16" + widened + " in turn");
+  progress("dtypes cpp.core.chunked: float32 and bfloat16" + forced + " in turn");
   const auto core_ms =
       interleaved_medians(each([&](Inputs& in) {
                             torch::NoGradGuard no_grad;
@@ -499,7 +502,7 @@ void bench_dtypes() {
   const auto core_train_ms = interleaved_medians(
       each([&](Inputs& in) { causal_train_step(in.q, in.k, in.v, in.upstream, Backend::Chunked); }),
       std::max(1, settings.repeats / 2));
-  progress("dtypes cpp.fused.auto: float32 and bfloat16" + widened + " in turn");
+  progress("dtypes cpp.fused.auto: float32 and bfloat16" + forced + " in turn");
   const auto module_ms = interleaved_medians(each([&](Inputs& in) {
                                                torch::NoGradGuard no_grad;
                                                in.mha(in.x);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace attention {
 namespace kernels {
@@ -15,22 +16,43 @@ namespace cpu {
 
 namespace {
 
+const char* route_asked() {
+  return std::getenv("ATTENTION_CPU_BF16");
+}
+
 bool widened_asked() {
-  const char* bf16 = std::getenv("ATTENTION_CPU_BF16");
-  if (bf16 != nullptr && std::strcmp(bf16, "widened") == 0) return true;
+  const char* route = route_asked();
+  if (route != nullptr && std::strcmp(route, "widened") == 0) return true;
   // The narrower vector routes have no bfloat16 products either.
   return vector_route_asked("portable") || vector_route_asked("avx2") || vector_route_asked("sse4");
 }
 
 }  // namespace
 
+std::vector<const Bf16Products*> processor_bf16_product_sets() {
+  std::vector<const Bf16Products*> sets;
+  for (const Bf16Products* set :
+       {amx_bf16_products(), avx512_bf16_products(), neon_bf16_products()}) {
+    if (set != nullptr) sets.push_back(set);
+  }
+  return sets;
+}
+
 const Bf16Products* processor_bf16_products() {
-  if (const Bf16Products* products = avx512_bf16_products()) return products;
-  return neon_bf16_products();
+  const auto sets = processor_bf16_product_sets();
+  return sets.empty() ? nullptr : sets.front();
 }
 
 const Bf16Products* bf16_products() {
-  static const Bf16Products* const chosen = widened_asked() ? nullptr : processor_bf16_products();
+  static const Bf16Products* const chosen = []() -> const Bf16Products* {
+    if (widened_asked()) return nullptr;
+    const auto sets = processor_bf16_product_sets();
+    const char* route = route_asked();
+    for (const Bf16Products* set : sets) {
+      if (route != nullptr && std::strcmp(route, set->name) == 0) return set;
+    }
+    return sets.empty() ? nullptr : sets.front();
+  }();
   return chosen;
 }
 

@@ -2,14 +2,15 @@
 
 // Tile products on the processor's own bfloat16 dot products (AVX512_BF16's vdpbf16ps, the ARM
 // BF16 extension's BFDOT: in each float lane, two bfloat16 products summed into a float
-// accumulator, so twice the products of a float multiply-add per instruction). The fused forward
-// and backward take them for bfloat16 inputs where the processor has them (kernels/cpu/forward.cpp,
-// kernels/cpu/backward.cpp), and so do the paged kernel's matrix products for bfloat16 pages
-// (kernels/cpu/paged.cpp); elsewhere bfloat16 is widened to float and runs the float kernels. The
-// products accumulate in float: a product of two bfloat16 values is exact in float, so the only
-// roundings beyond float's own are of the operands, the probabilities among them (rounded once to
-// bfloat16 before they weight the values, as PyTorch's CPU flash kernel and the GPU flash kernels
-// do).
+// accumulator, so twice the products of a float multiply-add per instruction; AMX's tdpbf16ps, the
+// same sums over tiles of 16 x 16 floats, 256 times vdpbf16ps's work per instruction). The fused
+// forward and backward take them for bfloat16 inputs where the processor has them
+// (kernels/cpu/forward.cpp, kernels/cpu/backward.cpp), and so do the paged kernel's matrix products
+// for bfloat16 pages (kernels/cpu/paged.cpp); elsewhere bfloat16 is widened to float and runs the
+// float kernels. The products accumulate in float: a product of two bfloat16 values is exact in
+// float, so the only roundings beyond float's own are of the operands, the probabilities among them
+// (rounded once to bfloat16 before they weight the values, as PyTorch's CPU flash kernel and the
+// GPU flash kernels do).
 //
 // The instruction pairs two neighbours along the contracted dimension, so the right operand is
 // kept as pairs: a "pair row" p holds, for each column j, the 32-bit word of rows 2p and 2p + 1
@@ -18,6 +19,7 @@
 // (keys: scores = Q K^T contract the feature dimension of both).
 
 #include <cstdint>
+#include <vector>
 
 namespace attention {
 namespace kernels {
@@ -25,7 +27,7 @@ namespace cpu {
 
 /// One instruction set's bfloat16 products. bfloat16 values are passed as their bits (uint16_t).
 struct Bf16Products {
-  /// "avx512_bf16" or "neon_bf16".
+  /// "amx_bf16", "avx512_bf16" or "neon_bf16": the name ATTENTION_CPU_BF16 takes to choose it.
   const char* name;
 
   /// C (m x n floats, row stride ldc) = alpha * A B, plus C's old value when `accumulate`. A is
@@ -62,18 +64,24 @@ struct Bf16Products {
                     int64_t ld_out);
 };
 
-/// The products the fused kernels take for bfloat16 in this process, decided once: those of the
-/// processor (processor_bf16_products()), else nullptr (bfloat16 widened to float).
-/// ATTENTION_CPU_BF16=widened keeps the widened route on such a processor too (to compare the
-/// routes, and to test both on one machine); ATTENTION_CPU_VECTOR=portable, avx2 or sse4 does as
-/// well.
+/// The products the fused kernels take for bfloat16 in this process, decided once: the best of the
+/// processor's (processor_bf16_products()), else nullptr (bfloat16 widened to float).
+/// ATTENTION_CPU_BF16 names another of the processor's sets ("avx512_bf16" keeps AMX's tiles
+/// unused), or "widened" to keep the widened route on a processor with products too (to compare
+/// the routes, and to test each on one machine); ATTENTION_CPU_VECTOR=portable, avx2 or sse4 widens
+/// as well. A name this processor does not run leaves the best set.
 const Bf16Products* bf16_products();
 
-/// The processor's bfloat16 products whatever bf16_products() took (for tests and benchmarks):
-/// AVX512_BF16's on x86-64, the BF16 extension's on aarch64, else nullptr.
+/// Every set of bfloat16 products this processor runs, best first (for tests and benchmarks):
+/// AMX's tiles, AVX512_BF16's vectors, the ARM BF16 extension's.
+std::vector<const Bf16Products*> processor_bf16_product_sets();
+
+/// The best of them whatever bf16_products() took, else nullptr.
 const Bf16Products* processor_bf16_products();
 
-/// Each instruction set's products where this processor runs them, else nullptr.
+/// Each instruction set's products where this processor runs them, else nullptr. AMX's set takes
+/// AVX512_BF16's for the tiles' edges and for every pass other than the product.
+const Bf16Products* amx_bf16_products();
 const Bf16Products* avx512_bf16_products();
 const Bf16Products* neon_bf16_products();
 
