@@ -46,6 +46,11 @@ echo "bench_measure.sh: C++ ..." >&2
   >"$out/cpp.jsonl"
 # bfloat16 once more on the widened route, for the side-by-side ratio of the bfloat16 products.
 ATTENTION_CPU_BF16=widened "${bench[@]}" dtypes >>"$out/cpp.jsonl"
+# Where the processor has AMX's tiles, once more on AVX512_BF16's vector products: what the tiles
+# give.
+if grep -qw amx_bf16 /proc/cpuinfo; then
+  ATTENTION_CPU_BF16=avx512_bf16 "${bench[@]}" dtypes >>"$out/cpp.jsonl"
+fi
 # One process per long-context run: each reports its own peak memory. Python's run of the same
 # length follows at once, so that the two sides of a ratio are measured minutes apart at most.
 for t in "${lengths[@]}"; do
@@ -90,7 +95,7 @@ if ((${#python_train_lengths[@]})); then
 fi
 
 echo "bench_measure.sh: Python ..." >&2
-"${python_bench[@]}" matmul article raschka raschka-train core-train >"$out/python.jsonl"
+"${python_bench[@]}" matmul article raschka raschka-train core-train dtypes >"$out/python.jsonl"
 # The operators of the build that made the C++ benchmark, beside PyTorch's attention.
 ATTENTION_OPS_LIBRARY=$(dirname "${bench[0]}")/libattention_ops.so "${python_bench[@]}" operators \
   >>"$out/python.jsonl"

@@ -168,7 +168,9 @@ def dtype_targets(records, second, target):
     rather than 2x; the widened route (ATTENTION_CPU_BF16=widened) against it shows what the
     products give, and elsewhere, where both are the widened route, that nothing was lost. The
     widened run's own float32 (timed in turn with it) against its bfloat16 is the route of a
-    processor without bfloat16 products: at most float32's time."""
+    processor without bfloat16 products: at most float32's time. Where the processor has AMX,
+    the run on AVX512_BF16's vectors shows what the tiles give; and the core against PyTorch's
+    own bfloat16 SDPA, timed in turn with its float32 (bench_python.py dtypes)."""
     for rs in [records] + ([second] if second else []):
         v = version(rs)
         for impl, what in (("cpp.core.chunked", "attention core (Chunked)"),
@@ -185,6 +187,19 @@ def dtype_targets(records, second, target):
                 target(f"8. LibTorch {v}: {what} {pass_}, bfloat16 widened / float32 time "
                        "(the route without bfloat16 products, in turn in one run)",
                        ratio(rec("bfloat16.widened"), rec("float32.widened_run")), 1.0)
+                if rec("bfloat16.avx512_bf16"):  # measured where the processor has AMX
+                    target(f"12. LibTorch {v}: {what} {pass_}, bfloat16 on AVX512_BF16's vectors "
+                           "/ bfloat16 time (on AMX's tiles)",
+                           ratio(rec("bfloat16.avx512_bf16"), rec("bfloat16")), 1.0,
+                           at_most=False)
+        for pass_ in ("forward", "forward+backward"):
+            def sdpa(name):
+                return next((r for r in rs if r["group"] == "dtypes" and r["pass"] == pass_
+                             and r["impl"] == f"python.core.sdpa.{name}"), None)
+            core = next((r for r in rs if r["group"] == "dtypes" and r["pass"] == pass_
+                         and r["impl"] == "cpp.core.chunked.bfloat16"), None)
+            target(f"12. LibTorch {v}: attention core {pass_}, bfloat16 / PyTorch's bfloat16 SDPA "
+                   "time", ratio(core, sdpa("bfloat16")), 1.0)
 
 
 def window_targets(records, second, target):

@@ -19,6 +19,7 @@
 #include "attention/functional.h"
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/bf16_products.h"
+#include "platform/cpu_features.h"
 
 #include <torch/torch.h>
 #include "catch_compat.h"
@@ -28,6 +29,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace cpu = attention::kernels::cpu;
@@ -112,6 +114,28 @@ TEST_CASE("bfloat16 products equal sums in double of the same values over every 
         }
       }
     }
+  }
+}
+
+TEST_CASE("the fused kernels take AMX's tiles, else AVX512_BF16's vectors on AMD's processors",
+          "[bf16_products]") {
+  if (std::getenv("ATTENTION_CPU_BF16") != nullptr ||
+      std::getenv("ATTENTION_CPU_VECTOR") != nullptr) {
+    WARN("skipped: a route is forced");
+    return;
+  }
+  const cpu::Bf16Products* taken = cpu::bf16_products();
+  const std::string name = taken == nullptr ? "widened" : taken->name;
+  INFO("taken: " << name);
+  if (cpu::amx_bf16_products() != nullptr) {
+    CHECK(name == "amx_bf16");
+  } else if (cpu::avx512_bf16_products() != nullptr) {
+    // Intel's vdpbf16ps runs at float's rate: widening is the faster route there.
+    CHECK(name == (attention::kernels::cpu::processor_is_amd() ? "avx512_bf16" : "widened"));
+  } else if (cpu::neon_bf16_products() != nullptr) {
+    CHECK(name == "neon_bf16");
+  } else {
+    CHECK(name == "widened");
   }
 }
 

@@ -44,6 +44,24 @@ inline bool processor_has_avx512_bf16() {
 #endif
 }
 
+/// Whether the processor is AMD's (CPUID's vendor "AuthenticAMD"): where AVX512_BF16's vdpbf16ps
+/// runs at twice the float multiply-add's rate (Zen 4 and later). Intel's runs at the float rate,
+/// so that its vector bfloat16 products lose to the widened route there
+/// (kernels/cpu/bf16_products.h).
+inline bool processor_is_amd() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  char vendor[12];
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  return std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+#else
+  return false;
+#endif
+}
+
 /// Whether this process may run AMX's bfloat16 tile products (Intel Sapphire Rapids and later):
 /// CPUID's AMX-TILE and AMX-BF16 (leaf 7, subleaf 0, EDX bits 24 and 22), and Linux's leave to
 /// use the tile registers, which a process must ask for (arch_prctl ARCH_REQ_XCOMP_PERM for

@@ -27,6 +27,16 @@ bool widened_asked() {
   return vector_route_asked("portable") || vector_route_asked("avx2") || vector_route_asked("sse4");
 }
 
+// Whether a set beats the widened route on this processor, unasked. AVX512_BF16's vector products
+// do on AMD's Zen 4 and later (vdpbf16ps at twice the float rate: the core 1.56-1.66x float32),
+// not on Intel's processors, whose vdpbf16ps runs at the float rate: on a Sapphire Rapids with its
+// tiles left unused the core took 1.47-1.50x float32's time on them and 1.01-1.02x widened
+// (docs/PERFORMANCE.md). Intel's processors take AMX's tiles where they have them, else widen.
+bool vector_products_pay(const Bf16Products* set) {
+  if (std::strcmp(set->name, "avx512_bf16") != 0) return true;
+  return processor_is_amd();
+}
+
 }  // namespace
 
 std::vector<const Bf16Products*> processor_bf16_product_sets() {
@@ -51,7 +61,10 @@ const Bf16Products* bf16_products() {
     for (const Bf16Products* set : sets) {
       if (route != nullptr && std::strcmp(route, set->name) == 0) return set;
     }
-    return sets.empty() ? nullptr : sets.front();
+    for (const Bf16Products* set : sets) {
+      if (vector_products_pay(set)) return set;
+    }
+    return nullptr;
   }();
   return chosen;
 }

@@ -64,8 +64,10 @@ struct Bf16Products {
                     int64_t ld_out);
 };
 
-/// The products the fused kernels take for bfloat16 in this process, decided once: the best of the
-/// processor's (processor_bf16_products()), else nullptr (bfloat16 widened to float).
+/// The products the fused kernels take for bfloat16 in this process, decided once: AMX's tiles
+/// where the processor has them (and Linux grants them), AVX512_BF16's vectors on AMD's processors
+/// (Intel's run them at float's rate: slower than widening there), the ARM BF16 extension's, else
+/// nullptr (bfloat16 widened to float).
 /// ATTENTION_CPU_BF16 names another of the processor's sets ("avx512_bf16" keeps AMX's tiles
 /// unused), or "widened" to keep the widened route on a processor with products too (to compare
 /// the routes, and to test each on one machine); ATTENTION_CPU_VECTOR=portable, avx2 or sse4 widens
