@@ -797,7 +797,7 @@ class PagedForward {
         std::memcpy(w.keys16 + j * d, w.k_ptr[j], static_cast<size_t>(d) * sizeof(uint16_t));
         std::memcpy(w.values16 + j * dv, w.v_ptr[j], static_cast<size_t>(dv) * sizeof(uint16_t));
       }
-      cpu::pack_column_pairs(w.keys16, d, cols, d, w.key_pairs, kMatrixKeyTile);
+      bf16_->pack_column_pairs(w.keys16, d, cols, d, w.key_pairs, kMatrixKeyTile);
       cpu::pack_row_pairs(w.values16, dv, cols, dv, w.value_pairs, dv);
       prefetch_next_tile(it, w, ps, table, j0 + cols);
       bf16_->product(rows, cols, d, static_cast<float>(p_.scale), w.q16, d, w.key_pairs,
