@@ -5,7 +5,8 @@
 #
 #   scripts/bench_measure.sh ATTENTION_BENCH OUT_DIR [--quick]
 #
-# Writes OUT_DIR/cpp.jsonl and OUT_DIR/python.jsonl, and where Python has PyTorch 2.x the runs of
+# Writes OUT_DIR/processor.txt (the processor's /proc/cpuinfo lines), OUT_DIR/cpp.jsonl and
+# OUT_DIR/python.jsonl, and where Python has PyTorch 2.x the runs of
 # both sides forced to AVX2 in OUT_DIR/cpp_avx2.jsonl and OUT_DIR/python_avx2.jsonl. Python is
 # $PYTHON (default /usr/bin/python3).
 set -euo pipefail
@@ -18,6 +19,8 @@ bench+=("${quick[@]}")
 python_bench=("${PYTHON:-/usr/bin/python3}" "$here/bench_python.py" "${quick[@]}")
 tcmalloc=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4 /{path = $NF} END {print path}')
 mkdir -p "$out"
+# The processor the numbers come from, for the report's table.
+grep -m5 -E '^(vendor_id|cpu family|model|model name|flags)\s*:' /proc/cpuinfo >"$out/processor.txt" || true
 
 lengths=(512 1024 2048 4096 8192 16384 32768)
 math_lengths=(512 1024 2048 4096 8192)

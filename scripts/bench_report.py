@@ -275,8 +275,32 @@ def cells(r):
     return [f"{fmt(r['ms'], 3)}{unit}", fmt(r["gflops"], 1), peak]
 
 
-def table(records, second, avx2):
-    lines = ["| target | measured | goal | |", "| --- | --- | --- | --- |"]
+# The instruction sets that pick the library's routes (docs/PERFORMANCE.md), as /proc/cpuinfo
+# names them.
+ROUTE_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def processor(out):
+    """One line naming the processor of a run (OUT/processor.txt, written by bench_measure.sh)."""
+    path = os.path.join(out, "processor.txt")
+    if not os.path.exists(path):
+        return None
+    fields = {}
+    with open(path) as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    has = ", ".join(flag for flag in ROUTE_FLAGS if flag in flags) or "none of " + "/".join(
+        ROUTE_FLAGS)
+    return (f"{fields.get('model name', '?')} ({fields.get('vendor_id', '?')}, family "
+            f"{fields.get('cpu family', '?')} model {fields.get('model', '?')}; {has})")
+
+
+def table(records, second, avx2, machines=()):
+    lines = [f"Processor ({name}): {line}" for name, line in machines if line]
+    lines += [""] if lines else []
+    lines += ["| target | measured | goal | |", "| --- | --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(records, second, avx2)]
     sets = [records] + ([second] if second else [])
     head = ["group", "implementation", "pass", "allocator", "T"]
@@ -357,7 +381,10 @@ def main(out):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(records + second + avx2, f, indent=1)
     with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(table(records, second, avx2))
+        machines = [(f"LibTorch {version(records)}", processor(out))]
+        if second:
+            machines.append((f"LibTorch {version(second)}", processor(os.path.join(out, "libtorch2"))))
+        f.write(table(records, second, avx2, machines))
     plots(records, second, out)
     print(f"bench_report: {len(records) + len(second)} records; {out}/table.md and plots written")
 
