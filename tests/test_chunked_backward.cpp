@@ -240,6 +240,13 @@ TEST_CASE("a module's bfloat16 projections and their gradients stay within their
   };
   const auto got = run(low, x);
   const auto want = run(exact, x.to(torch::kDouble));
+  {  // inference: the three projections of one x at once, within the same bound
+    torch::NoGradGuard no_grad;
+    const auto inferred = low->forward(x).output;
+    INFO("inference: error " << relative_to_largest(inferred, want[0]) << " of its largest value");
+    REQUIRE(inferred.scalar_type() == torch::kBFloat16);
+    CHECK(relative_to_largest(inferred, want[0]) < 1.0 / 64);
+  }
   const char* names[] = {"output", "x's gradient", "W_query's", "W_value's bias", "out_proj's"};
   for (size_t i = 0; i < got.size(); ++i) {
     INFO(names[i] << ": error " << relative_to_largest(got[i], want[i]) << " of its largest value");

@@ -52,6 +52,11 @@ Tensor widened(const Tensor& t) {
   return t.defined() ? kernels::cpu::widened(t) : t;
 }
 
+// A float result of the widened route rounded to bfloat16 once.
+Tensor rounded(const Tensor& t) {
+  return kernels::cpu::converted(t, at::kBFloat16);
+}
+
 // c = op(a) b (op(a) = a^T when trans_a), or c += op(a) b when `accumulate`, on the generated
 // kernels; false, c untouched, where they do not take it (BLAS preferred on this machine, another
 // device or type, a non-contiguous operand, sides not multiples of 16).
@@ -98,6 +103,22 @@ void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tenso
   }
 }
 
+// The three projections of one x into out[i] = x W_i^T + b_i. Where bfloat16 is widened, x is
+// widened once for all three (its largest operand), not once per projection.
+void linear3_into(std::array<Tensor, 3>& out, const Tensor& x, const std::array<Tensor, 3>& weights,
+                  const std::array<Tensor, 3>& biases) {
+  if (!widens_bf16(x, x.numel() / x.size(-1))) {
+    for (size_t i = 0; i < 3; ++i) linear_into(out[i], x, weights[i], biases[i]);
+    return;
+  }
+  const Tensor wide_x = widened(x);
+  for (size_t i = 0; i < 3; ++i) {
+    Tensor wide = empty_large(out[i].sizes(), out[i].options().dtype(at::kFloat));
+    linear_into(wide, wide_x, widened(weights[i]), widened(biases[i]));
+    kernels::cpu::copy_converted(out[i], wide);
+  }
+}
+
 // x's sizes with the last one `features`.
 std::vector<int64_t> output_sizes(const Tensor& x, int64_t features) {
   auto sizes = x.sizes().vec();
@@ -125,7 +146,6 @@ void linear_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, 
     Tensor dx_wide, dw_wide, db_wide;
     linear_backward(widened(g), widened(x), widened(weight), need_x, need_weight, need_bias,
                     dx_wide, dw_wide, db_wide);
-    const auto rounded = [](const Tensor& t) { return kernels::cpu::converted(t, at::kBFloat16); };
     if (need_x) dx = dx.defined() ? dx.add_(dx_wide) : rounded(dx_wide);
     if (need_weight) dw = rounded(dw_wide);
     if (need_bias) db = rounded(db_wide);
@@ -192,26 +212,38 @@ class LargeLinear3 : public torch::autograd::Function<LargeLinear3> {
                                                 const Tensor& x, const Tensor& w0, const Tensor& b0,
                                                 const Tensor& w1, const Tensor& b1,
                                                 const Tensor& w2, const Tensor& b2) {
-    torch::autograd::variable_list out;
-    for (const auto& [weight, bias] : {std::pair{w0, b0}, {w1, b1}, {w2, b2}}) {
-      out.push_back(empty_large(output_sizes(x, weight.size(0)), x.options()));
-      linear_into(out.back(), x, weight, bias_or_none(bias));
+    std::array<Tensor, 3> out;
+    const std::array<Tensor, 3> weights{w0, w1, w2};
+    for (size_t i = 0; i < 3; ++i) {
+      out[i] = empty_large(output_sizes(x, weights[i].size(0)), x.options());
     }
+    linear3_into(out, x, weights, {bias_or_none(b0), bias_or_none(b1), bias_or_none(b2)});
     ctx->save_for_backward({x, w0, w1, w2});
     ctx->set_materialize_grads(false);  // an output left out of the loss: no zeros multiplied
-    return out;
+    return {out[0], out[1], out[2]};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     torch::autograd::variable_list result(7);
+    const Tensor& x = saved[0];
+    // Where bfloat16 is widened (and the gradients are not differentiated), x is widened once
+    // and its gradient summed over the three in float and rounded once.
+    const bool widen = !torch::GradMode::is_enabled() && widens_bf16(x, x.numel() / x.size(-1));
+    const Tensor x_used = widen ? widened(x) : x;
+    Tensor dx;
     for (int i = 0; i < 3; ++i) {
       if (!grads[i].defined()) continue;  // an output that took no part in the loss
-      linear_backward(grads[i], saved[0], saved[1 + i], ctx->needs_input_grad(0),
-                      ctx->needs_input_grad(1 + 2 * i), ctx->needs_input_grad(2 + 2 * i), result[0],
-                      result[1 + 2 * i], result[2 + 2 * i]);
+      Tensor dw, db;
+      linear_backward(widen ? widened(grads[i]) : grads[i], x_used,
+                      widen ? widened(saved[1 + i]) : saved[1 + i], ctx->needs_input_grad(0),
+                      ctx->needs_input_grad(1 + 2 * i), ctx->needs_input_grad(2 + 2 * i), dx, dw,
+                      db);
+      result[1 + 2 * i] = widen && dw.defined() ? rounded(dw) : dw;
+      result[2 + 2 * i] = widen && db.defined() ? rounded(db) : db;
     }
+    result[0] = widen && dx.defined() ? rounded(dx) : dx;
     return result;
   }
 };
@@ -254,6 +286,18 @@ std::array<Tensor, 3> project_qkv(const torch::nn::Linear& query, const torch::n
         LargeLinear3::apply(x, w0, placeholder_for(query->bias, w0), w1,
                             placeholder_for(key->bias, w1), w2, placeholder_for(value->bias, w2));
     return {out[0], out[1], out[2]};
+  }
+  // Inference on one contiguous x: the three projections at once (widened once where bfloat16
+  // widens).
+  if (source.is_same(x) && x.is_contiguous() &&
+      !records_grad(x, w0, query->bias, w1, key->bias, w2, value->bias)) {
+    std::array<Tensor, 3> out;
+    for (int i = 0; i < 3; ++i) {
+      const auto sizes = output_sizes(x, (i == 0 ? w0 : i == 1 ? w1 : w2).size(0));
+      out[i] = workspace ? workspace->take(i, sizes, x.options()) : empty_large(sizes, x.options());
+    }
+    linear3_into(out, x, {w0, w1, w2}, {query->bias, key->bias, value->bias});
+    return out;
   }
   return {project(query, x, workspace, 0), project(key, source, workspace, 1),
           project(value, source, workspace, 2)};
