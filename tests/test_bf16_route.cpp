@@ -139,6 +139,33 @@ TEST_CASE("the fused kernels take AMX's tiles, else AVX512_BF16's vectors on AMD
   }
 }
 
+TEST_CASE("bfloat16 products and LibTorch's bfloat16 matmuls interleave on one thread",
+          "[bf16_products]") {
+  // AMX's tile configuration is the thread's: oneDNN sets its own for LibTorch's bfloat16 matmuls
+  // (on the tiles too where the processor has them) and releases it, and each of our products
+  // loads and releases ours. Interleaved, every result is what it is alone.
+  torch::manual_seed(8);
+  const auto a = torch::randn({64, 96}).to(torch::kBFloat16);
+  const auto b = torch::randn({96, 48}).to(torch::kBFloat16);
+  const auto pairs = pairs_of(b, 48, false);
+  const auto alone = torch::mm(a, b);
+  for (const cpu::Bf16Products* products : product_sets_or_warn()) {
+    INFO("products " << products->name);
+    auto first = torch::empty({64, 48});
+    products->product(64, 48, 96, 1.0f, bits(a), 96, pairs.data(), 48, false,
+                      first.data_ptr<float>(), 48);
+    for (int round = 0; round < 3; ++round) {
+      CHECK(torch::equal(torch::mm(a, b), alone));
+      auto again = torch::empty({64, 48});
+      products->product(64, 48, 96, 1.0f, bits(a), 96, pairs.data(), 48, false,
+                        again.data_ptr<float>(), 48);
+      CHECK(torch::equal(again, first));
+    }
+    // Within the products' bound of LibTorch's (float sums of the same exact products).
+    CHECK(torch::allclose(first, alone.to(torch::kFloat), 1e-2, 1e-2));
+  }
+}
+
 TEST_CASE("an odd contracted length reads nothing past its last value, NaN included",
           "[bf16_products]") {
   for (const cpu::Bf16Products* products : product_sets_or_warn()) {
