@@ -75,6 +75,18 @@ ATTENTION_AMX ATTENTION_ALWAYS_INLINE void finish_tile(const float* sums, float 
   }
 }
 
+// C's block (rows x cols, cols a multiple of 16) times alpha, in place.
+ATTENTION_AMX ATTENTION_ALWAYS_INLINE void scale_block(float alpha, int64_t rows, int64_t cols,
+                                                       float* c, int64_t ldc) {
+  const __m512 scale = _mm512_set1_ps(alpha);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; j += kTileFloats) {
+      float* at = c + r * ldc + j;
+      _mm512_storeu_ps(at, _mm512_mul_ps(_mm512_loadu_ps(at), scale));
+    }
+  }
+}
+
 // One block of C: `Rows` x `Cols` tiles (each 1 or 2) at c, over k (a multiple of 32). With alpha
 // 1 the tiles start from C's old value (or zero) and are stored to it; otherwise their sums are
 // scaled on the way out.
@@ -107,11 +119,12 @@ ATTENTION_AMX void block(int64_t k, float alpha, const uint16_t* a, int64_t lda,
     if constexpr (Rows > 1) _tile_dpbf16ps(2, 5, 6);
     if constexpr (Rows > 1 && Cols > 1) _tile_dpbf16ps(3, 5, 7);
   }
-  if (in_place) {
+  if (in_place || !accumulate) {
     _tile_stored(0, c, c_stride);
     if constexpr (Cols > 1) _tile_stored(1, c01, c_stride);
     if constexpr (Rows > 1) _tile_stored(2, c10, c_stride);
     if constexpr (Rows > 1 && Cols > 1) _tile_stored(3, c11, c_stride);
+    if (!in_place) scale_block(alpha, Rows * kTileRows, Cols * kTileFloats, c, ldc);
     return;
   }
   alignas(64) float sums[4][kTileRows * kTileFloats];
