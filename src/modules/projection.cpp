@@ -248,6 +248,13 @@ class LargeLinear3 : public torch::autograd::Function<LargeLinear3> {
   }
 };
 
+// The output of an inference projection of x by `weight`: the workspace's slot, or a large
+// temporary without one.
+Tensor inference_output(const Tensor& x, const Tensor& weight, Workspace* workspace, int slot) {
+  const auto sizes = output_sizes(x, weight.size(0));
+  return workspace ? workspace->take(slot, sizes, x.options()) : empty_large(sizes, x.options());
+}
+
 // Whether projections of x by `params` train through the autograd functions above: a gradient
 // recorded on a contiguous CPU x (elsewhere linear() records its own).
 template <typename... Params>
@@ -264,9 +271,7 @@ Tensor project(const torch::nn::Linear& linear, const Tensor& x, Workspace* work
   if (!x.is_contiguous() || records_grad(x, weight, bias)) {
     return torch::nn::functional::linear(x, weight, bias);
   }
-  const auto sizes = output_sizes(x, weight.size(0));
-  Tensor out =
-      workspace ? workspace->take(slot, sizes, x.options()) : empty_large(sizes, x.options());
+  Tensor out = inference_output(x, weight, workspace, slot);
   linear_into(out, x, weight, bias);
   return out;
 }
@@ -291,12 +296,10 @@ std::array<Tensor, 3> project_qkv(const torch::nn::Linear& query, const torch::n
   // widens).
   if (source.is_same(x) && x.is_contiguous() &&
       !records_grad(x, w0, query->bias, w1, key->bias, w2, value->bias)) {
+    const std::array<Tensor, 3> weights{w0, w1, w2};
     std::array<Tensor, 3> out;
-    for (int i = 0; i < 3; ++i) {
-      const auto sizes = output_sizes(x, (i == 0 ? w0 : i == 1 ? w1 : w2).size(0));
-      out[i] = workspace ? workspace->take(i, sizes, x.options()) : empty_large(sizes, x.options());
-    }
-    linear3_into(out, x, {w0, w1, w2}, {query->bias, key->bias, value->bias});
+    for (int i = 0; i < 3; ++i) out[i] = inference_output(x, weights[i], workspace, i);
+    linear3_into(out, x, weights, {query->bias, key->bias, value->bias});
     return out;
   }
   return {project(query, x, workspace, 0), project(key, source, workspace, 1),
