@@ -2,14 +2,17 @@
 // kernels, the process's BLAS called directly, and LibTorch's addmm), against torch::mm in
 // double: every transpose combination, padded row strides, beta 0 with C full of NaN (which must
 // not be read), the shapes BLAS itself refuses (a one-row operand whose row stride is below its
-// width), and what the libxsmm route takes and refuses.
+// width), and what the libxsmm route and the library's vector products take and refuse.
 
 #include "gemm/blas.h"
 #include "gemm/small_gemm.h"
+#include "gemm/vector_gemm.h"
 
 #include <torch/torch.h>
 #include "catch_compat.h"
 
+#include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -71,6 +74,14 @@ void small_or_addmm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   if (!cpu::small_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
                           scratch.data()))
     cpu::gemm_through_addmm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// vector_gemm() where it takes the product, addmm where it does not.
+void vector_or_addmm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                     int64_t ldc) {
+  if (!cpu::vector_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    cpu::gemm_through_addmm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace
@@ -142,7 +153,123 @@ TEST_CASE("cpu::small_gemm takes the fused kernels' products and refuses what it
                                      wide_c.data_ptr<float>(), too_long, nullptr));
   CHECK(torch::equal(c, before));
   CHECK(torch::equal(wide_c, torch::zeros_like(wide_c)));
-  CHECK(std::string(cpu::gemm_route()) == "libxsmm");
+  // The float products may go to the vector code first (gemm/vector_gemm.h), the rest to libxsmm.
+  const std::string route = cpu::gemm_route();
+  CHECK((route == "libxsmm" || route == "vector+libxsmm"));
+}
+
+TEST_CASE("cpu::vector_gemm equals torch::mm where it takes the product", "[cpu_blas]") {
+  if (!cpu::vector_gemm_enabled()) {
+    WARN("skipped: the vector products are not taken here (ATTENTION_CPU_GEMM=vector takes them)");
+    return;
+  }
+  INFO("vector_gemm_set() = " << cpu::vector_gemm_set());
+  // Ragged sides (n past whole vectors is refused), whole vectors, and the tiles' sizes up to the
+  // largest block: rows past the last block of 6, one vector past the last pair.
+  check_route<float>(vector_or_addmm, "vector_gemm", 70, true);
+  check_route<float>(vector_or_addmm, "vector_gemm", 96, true, 8);
+  check_route<float>(vector_or_addmm, "vector_gemm", cpu::kMaxVectorGemmSide, true, 16);
+}
+
+TEST_CASE("cpu::vector_gemm takes the fused kernels' products and refuses what it cannot compute",
+          "[cpu_blas]") {
+  if (!cpu::vector_gemm_enabled()) {
+    WARN("skipped: the vector products are not taken here (ATTENTION_CPU_GEMM=vector takes them)");
+    return;
+  }
+  const int64_t side = 64, deep = cpu::kMaxVectorGemmSide;
+  const auto a = torch::randn({side, deep}), b = torch::randn({deep, side});
+  const float* pa = a.data_ptr<float>();
+  const float* pb = b.data_ptr<float>();
+  auto c = torch::zeros({side, side});
+  float* pc = c.data_ptr<float>();
+  // The kernels' products: A plain or transposed, beta 0 and 1 (no scratch), one row, one term,
+  // the deepest.
+  for (const bool trans_a : {false, true}) {
+    INFO("trans_a " << trans_a);
+    const int64_t lda = trans_a ? side : deep;
+    CHECK(cpu::vector_gemm(trans_a, false, side, side, side, 1.0f, pa, lda, pb, side, 0.0f, pc,
+                           side));
+    CHECK(cpu::vector_gemm(trans_a, false, side, side, side, 1.0f, pa, lda, pb, side, 1.0f, pc,
+                           side));
+    CHECK(cpu::vector_gemm(trans_a, false, 1, side, 1, 1.0f, pa, lda, pb, side, 0.0f, pc, side));
+  }
+  CHECK(cpu::vector_gemm(false, false, side, side, deep, 1.0f, pa, deep, pb, side, 0.0f, pc, side));
+  CHECK(torch::allclose(c, torch::mm(a, b), 1e-3, 1e-3));
+  // What it refuses leaves C as it was: the options at their extremes.
+  const auto before = c.clone();
+  struct Call {
+    bool trans_b = false;
+    int64_t m = side, n = side, k = side;
+    float alpha = 1.0f;
+    int64_t lda = deep, ldb = side;
+    float beta = 0.0f;
+    int64_t ldc = side;
+  };
+  const auto refused = [&](const Call& call) {
+    return !cpu::vector_gemm(false, call.trans_b, call.m, call.n, call.k, call.alpha, pa, call.lda,
+                             pb, call.ldb, call.beta, pc, call.ldc);
+  };
+  Call call;
+  CHECK(refused([&] {
+    auto x = call;
+    x.trans_b = true;
+    return x;
+  }()));
+  CHECK(refused([&] {
+    auto x = call;
+    x.alpha = 0.5f;
+    return x;
+  }()));
+  CHECK(refused([&] {
+    auto x = call;
+    x.beta = 0.5f;
+    return x;
+  }()));
+  CHECK(refused([&] {
+    auto x = call;
+    x.n = side - 1;
+    return x;
+  }()));  // past whole vectors
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  const int64_t two_31 = int64_t{1} << 31;
+  for (const int64_t bad : {int64_t{0}, int64_t{-1}, deep + 1, two_31, kHuge}) {
+    INFO("side " << bad);
+    CHECK(refused([&] {
+      auto x = call;
+      x.m = bad;
+      return x;
+    }()));
+    CHECK(refused([&] {
+      auto x = call;
+      x.n = bad;
+      return x;
+    }()));
+    CHECK(refused([&] {
+      auto x = call;
+      x.k = bad;
+      return x;
+    }()));
+  }
+  for (const int64_t bad : {int64_t{1}, two_31, kHuge}) {  // strides too short or too long
+    INFO("stride " << bad);
+    CHECK(refused([&] {
+      auto x = call;
+      x.lda = bad;
+      return x;
+    }()));
+    CHECK(refused([&] {
+      auto x = call;
+      x.ldb = bad;
+      return x;
+    }()));
+    CHECK(refused([&] {
+      auto x = call;
+      x.ldc = bad;
+      return x;
+    }()));
+  }
+  CHECK(torch::equal(c, before));
 }
 
 TEMPLATE_TEST_CASE("cpu::transpose_scaled turns and scales a strided block", "[cpu_blas]", float,

@@ -1,6 +1,7 @@
 #include "gemm/blas.h"
 
 #include "gemm/small_gemm.h"
+#include "gemm/vector_gemm.h"
 
 #include <torch/torch.h>
 
@@ -8,6 +9,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <dlfcn.h>
@@ -159,6 +161,9 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* scratch) {
   if (m == 0 || n == 0) return;
+  if constexpr (std::is_same<T, float>::value) {
+    if (vector_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+  }
   if (small_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch))
     return;
   const FortranGemm<T> f = fortran_gemm<T>();
@@ -171,6 +176,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 }
 
 const char* gemm_route() {
+  if (vector_gemm_enabled()) return small_gemm_enabled() ? "vector+libxsmm" : "vector";
   if (small_gemm_enabled()) return "libxsmm";
   return fortran_gemm<float>() != nullptr && fortran_gemm<double>() != nullptr ? "blas" : "addmm";
 }

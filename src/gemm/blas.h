@@ -42,7 +42,9 @@ void gemm_through_addmm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 
 /// Which route gemm() takes in this process for a tile's products: "libxsmm" (small_gemm(),
 /// with the products it does not take on BLAS), "blas" (sgemm_/dgemm_ called directly) or
-/// "addmm". ATTENTION_CPU_GEMM=blas in the environment keeps libxsmm out, =addmm both.
+/// "addmm"; "vector+libxsmm" or "vector" where the float products go to vector_gemm() first.
+/// ATTENTION_CPU_GEMM=blas in the environment keeps libxsmm and the vector code out, =addmm all
+/// three, =libxsmm the vector code, =vector takes it on every vector set.
 const char* gemm_route();
 
 /// The kernel family the process's BLAS runs, where the BLAS names it: OpenBLAS's core name
