@@ -210,64 +210,29 @@ TEST_CASE("cpu::vector_gemm takes the fused kernels' products and refuses what i
     return !cpu::vector_gemm(false, call.trans_b, call.m, call.n, call.k, call.alpha, pa, call.lda,
                              pb, call.ldb, call.beta, pc, call.ldc);
   };
-  Call call;
-  CHECK(refused([&] {
-    auto x = call;
-    x.trans_b = true;
-    return x;
-  }()));
-  CHECK(refused([&] {
-    auto x = call;
-    x.alpha = 0.5f;
-    return x;
-  }()));
-  CHECK(refused([&] {
-    auto x = call;
-    x.beta = 0.5f;
-    return x;
-  }()));
-  CHECK(refused([&] {
-    auto x = call;
-    x.n = side - 1;
-    return x;
-  }()));  // past whole vectors
+  // Call's defaults (a product it takes) with one option changed.
+  const auto refused_with = [&](auto member, auto value) {
+    Call call;
+    call.*member = value;
+    return refused(call);
+  };
+  CHECK(refused_with(&Call::trans_b, true));
+  CHECK(refused_with(&Call::alpha, 0.5f));
+  CHECK(refused_with(&Call::beta, 0.5f));
+  CHECK(refused_with(&Call::n, side - 1));  // past whole vectors
   constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
   const int64_t two_31 = int64_t{1} << 31;
   for (const int64_t bad : {int64_t{0}, int64_t{-1}, deep + 1, two_31, kHuge}) {
     INFO("side " << bad);
-    CHECK(refused([&] {
-      auto x = call;
-      x.m = bad;
-      return x;
-    }()));
-    CHECK(refused([&] {
-      auto x = call;
-      x.n = bad;
-      return x;
-    }()));
-    CHECK(refused([&] {
-      auto x = call;
-      x.k = bad;
-      return x;
-    }()));
+    CHECK(refused_with(&Call::m, bad));
+    CHECK(refused_with(&Call::n, bad));
+    CHECK(refused_with(&Call::k, bad));
   }
   for (const int64_t bad : {int64_t{1}, two_31, kHuge}) {  // strides too short or too long
     INFO("stride " << bad);
-    CHECK(refused([&] {
-      auto x = call;
-      x.lda = bad;
-      return x;
-    }()));
-    CHECK(refused([&] {
-      auto x = call;
-      x.ldb = bad;
-      return x;
-    }()));
-    CHECK(refused([&] {
-      auto x = call;
-      x.ldc = bad;
-      return x;
-    }()));
+    CHECK(refused_with(&Call::lda, bad));
+    CHECK(refused_with(&Call::ldb, bad));
+    CHECK(refused_with(&Call::ldc, bad));
   }
   CHECK(torch::equal(c, before));
 }

@@ -188,18 +188,13 @@ std::vector<const VectorGemm*> supported_sets() {
   return supported;
 }
 
-bool gemm_route_asked(const char* route) {
-  const char* forced = std::getenv("ATTENTION_CPU_GEMM");
-  return forced != nullptr && std::strcmp(forced, route) == 0;
-}
-
 // The set this process takes, nullptr for none. By default AVX2's only: there the generated
 // kernels reach less of the processor's rate on the tiles' shapes; on AVX-512 they do better
 // than these blocks, and the other sets have not been measured against BLAS.
 const VectorGemm* taken_set() {
   static const VectorGemm* const taken = []() -> const VectorGemm* {
     const char* forced = std::getenv("ATTENTION_CPU_GEMM");
-    const bool asked = gemm_route_asked("vector");
+    const bool asked = forced != nullptr && std::strcmp(forced, "vector") == 0;
     if (forced != nullptr && *forced != '\0' && !asked) return nullptr;
     const VectorGemm* chosen = chosen_vector_set(supported_sets());
     if (chosen == nullptr) return nullptr;
