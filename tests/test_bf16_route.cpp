@@ -532,3 +532,44 @@ TEST_CASE("the widened route's conversions round as LibTorch's bfloat16 does", "
   }
   CHECK(mismatches == 0);
 }
+
+TEST_CASE("the kernels' row conversions equal the whole-run ones and write only their rows",
+          "[chunked]") {
+  // 5 rows of 37 values (a partial last vector) at strides past the row, in and out: the same
+  // bits as round_to_bf16() and widen_bf16() give each row, the padding between rows untouched.
+  constexpr int64_t kRows = 5, kCols = 37, kLdIn = 41, kLdOut = 40;
+  std::mt19937 draw(11);
+  std::vector<uint32_t> patterns(kRows * kLdIn);
+  for (auto& p : patterns) p = static_cast<uint32_t>(draw());
+  patterns[0] = 0x3F808000u;  // a tie to even, NaN and infinity among them
+  patterns[kLdIn + 2] = 0x7F800001u;
+  patterns[2 * kLdIn + kCols - 1] = 0x7F7FFFFFu;
+  std::vector<float> floats(patterns.size());
+  std::memcpy(floats.data(), patterns.data(), patterns.size() * sizeof(uint32_t));
+  std::vector<uint16_t> rounded(kRows * kLdOut, 0xAAAA);
+  cpu::round_to_bf16_rows(floats.data(), kLdIn, kRows, kCols, rounded.data(), kLdOut);
+  std::vector<float> widened(kRows * kLdIn, -1.0f);
+  cpu::widen_bf16_rows(rounded.data(), kLdOut, kRows, kCols, widened.data(), kLdIn);
+  for (int64_t r = 0; r < kRows; ++r) {
+    INFO("row " << r);
+    std::vector<uint16_t> want(kCols);
+    cpu::round_to_bf16(floats.data() + r * kLdIn, want.data(), kCols);
+    std::vector<float> want_wide(kCols);
+    cpu::widen_bf16(want.data(), want_wide.data(), kCols);
+    for (int64_t c = 0; c < kLdOut; ++c) {
+      INFO("column " << c);
+      if (c < kCols) {
+        CHECK(rounded[r * kLdOut + c] == want[c]);
+        CHECK(std::memcmp(&widened[r * kLdIn + c], &want_wide[c], sizeof(float)) == 0);
+      } else {
+        CHECK(rounded[r * kLdOut + c] == 0xAAAA);
+        CHECK(widened[r * kLdIn + c] == -1.0f);
+      }
+    }
+  }
+  // No rows, or rows of no values: nothing written.
+  const std::vector<uint16_t> before = rounded;
+  cpu::round_to_bf16_rows(floats.data(), kLdIn, 0, kCols, rounded.data(), kLdOut);
+  cpu::round_to_bf16_rows(floats.data(), kLdIn, kRows, 0, rounded.data(), kLdOut);
+  CHECK(rounded == before);
+}

@@ -406,9 +406,7 @@ class Backward {
                                    static_cast<T>(p_.scale), w.keys_t, p_.block);
       cpu::transpose_scaled<T, In>(v_.row(kv, j0), v_.row_stride, cols, p_.dv, T(1), w.values_t,
                                    p_.block);
-      for (int64_t c = 0; c < cols; ++c) {
-        cpu::widen_bf16(bits(k_.row(kv, j0 + c)), w.keys + c * p_.d, p_.d);
-      }
+      cpu::widen_bf16_rows(bits(k_.row(kv, j0)), k_.row_stride, cols, p_.d, w.keys, p_.d);
       std::fill_n(w.dk_t, p_.d * p_.block, T(0));
       std::fill_n(w.dv_t, p_.dv * p_.block, T(0));
     }
@@ -427,10 +425,8 @@ class Backward {
         bf16_->transpose(w.rounded, p_.block, p_.dv, cols, dv, dv_.row_stride);
         return;
       }
-      for (int64_t c = 0; c < cols; ++c) {
-        cpu::round_to_bf16(w.dk_t + c * p_.d, dk + c * dk_.row_stride, p_.d);
-        cpu::round_to_bf16(w.dv_t + c * p_.dv, dv + c * dv_.row_stride, p_.dv);
-      }
+      cpu::round_to_bf16_rows(w.dk_t, p_.d, cols, p_.d, dk, dk_.row_stride);
+      cpu::round_to_bf16_rows(w.dv_t, p_.dv, cols, p_.dv, dv, dv_.row_stride);
     }
   }
 

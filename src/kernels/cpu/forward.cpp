@@ -181,9 +181,7 @@ class Forward {
     for (int64_t r = 0; r < rows; ++r) std::fill_n(acc + r * acc_ld, p_.dv, T(0));
     if constexpr (kBf16) {
       if (!bf16_) {  // the group's queries widened once for all of its key blocks
-        for (int64_t r = 0; r < rows; ++r) {
-          cpu::widen_bf16(bits(q_.row(h, i0 + r)), w.queries + r * p_.d, p_.d);
-        }
+        cpu::widen_bf16_rows(bits(q_.row(h, i0)), q_.row_stride, rows, p_.d, w.queries, p_.d);
         w.queries_from = i0;
       }
     }
@@ -211,9 +209,8 @@ class Forward {
       if (bf16_) {
         bf16_->round(acc, acc_ld, rows, p_.dv, cpu::bits(out_.row(h, i0)), out_.row_stride);
       } else {
-        for (int64_t r = 0; r < rows; ++r) {
-          cpu::round_to_bf16(acc + r * acc_ld, cpu::bits(out_.row(h, i0 + r)), p_.dv);
-        }
+        cpu::round_to_bf16_rows(acc, acc_ld, rows, p_.dv, cpu::bits(out_.row(h, i0)),
+                                out_.row_stride);
       }
     }
   }
@@ -243,9 +240,7 @@ class Forward {
       }
       cpu::transpose_scaled<T, In>(k_.row(kv, j0), k_.row_stride, cols, p_.d,
                                    static_cast<T>(p_.scale), w.keys_t, p_.block);
-      for (int64_t c = 0; c < cols; ++c) {
-        cpu::widen_bf16(bits(v_.row(kv, j0 + c)), w.values + c * p_.dv, p_.dv);
-      }
+      cpu::widen_bf16_rows(bits(v_.row(kv, j0)), v_.row_stride, cols, p_.dv, w.values, p_.dv);
     } else {
       cpu::transpose_scaled<T>(k_.row(kv, j0), k_.row_stride, cols, p_.d, static_cast<T>(p_.scale),
                                w.keys_t, p_.block);

@@ -11,6 +11,7 @@
 
 #include "kernels/paged.h"
 #include "gemm/small_gemm.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/decode_products.h"
 #include "kernels/cpu/query_codes.h"
@@ -126,9 +127,6 @@ struct Pages {
 // A row of keys or values into the matrix products' buffer: copied, or widened from bfloat16 or
 // from 8 bits times the row's scale (on the processor's widest vectors: this file is built for
 // the baseline instruction set).
-ATTENTION_MULTIVERSION void widen_bf16_row(const uint16_t* in, float* out, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) out[c] = widen(c10::BFloat16(in[c], c10::BFloat16::from_bits()));
-}
 ATTENTION_MULTIVERSION void widen_i8_row(const int8_t* in, float scale, float* out, int64_t n) {
   for (int64_t c = 0; c < n; ++c) out[c] = static_cast<float>(in[c]) * scale;
 }
@@ -141,7 +139,7 @@ void copy_row(const In* in, float scale, Acc* out, int64_t n) {
     widen_i8_row(in, scale, out, n);
   } else {
     static_assert(std::is_same_v<In, c10::BFloat16> && std::is_same_v<Acc, float>);
-    widen_bf16_row(reinterpret_cast<const uint16_t*>(in), out, n);
+    cpu::widen_bf16_rows(reinterpret_cast<const uint16_t*>(in), n, 1, n, out, n);
   }
 }
 
