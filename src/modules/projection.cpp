@@ -9,15 +9,19 @@
 // kernels/cpu/bf16_products.h) is widened into float's products too: LibTorch's bfloat16
 // products emulate them there, at half float's rate or less. The conversions are the library's
 // own (kernels/cpu/bf16_convert.h: LibTorch's copy_ converts at a third of the memory's rate),
-// into memory the large-buffer cache keeps.
+// into memory the large-buffer cache keeps. A self-attention's three widened projections are one
+// product by their weights stacked, forward and backward: the product packs x (and, backward,
+// reads the upstreams) once, where three products would each pass over it.
 
 #include "modules/projection.h"
 #include "checks.h"
 #include "gemm/large_gemm.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/tile.h"
 #include "memory/empty_large.h"
 
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
@@ -39,6 +43,9 @@ Tensor rows_of(const Tensor& x) {
 // itself. At d = 2048 a copy of W^T per projection (16 MB, fresh pages each call) took 4x the
 // rest of a 16-head step at T = 4096.
 constexpr int64_t kCopiedWeightMinRows = 128;
+
+// Rows of a stacked product's float result a thread rounds at a time.
+constexpr int64_t kRoundRowsGrain = 64;
 
 // Whether a projection of `rows` rows of bfloat16 `x` is widened into float's products and its
 // result rounded once: on the CPU where the library widens bfloat16 for its own kernels (no
@@ -103,20 +110,62 @@ void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tenso
   }
 }
 
+// The weights of several projections of one x widened into one float matrix, one above the
+// other (sum of their outputs x inputs), and their biases into one vector (zeros for a
+// projection without one; undefined when none has one).
+struct Stacked {
+  Tensor weight, bias;
+  std::array<int64_t, 3> first;  // the first row of each projection's weights
+};
+
+Stacked stacked_widened(const std::array<Tensor, 3>& weights, const std::array<Tensor, 3>& biases) {
+  Stacked s;
+  int64_t rows = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    s.first[i] = rows;
+    rows += weights[i].size(0);
+  }
+  const auto options = weights[0].options().dtype(at::kFloat);
+  s.weight = torch::empty({rows, weights[0].size(1)}, options);
+  const bool any_bias = biases[0].defined() || biases[1].defined() || biases[2].defined();
+  if (any_bias) s.bias = torch::zeros({rows}, options);
+  for (size_t i = 0; i < 3; ++i) {
+    Tensor w = s.weight.narrow(0, s.first[i], weights[i].size(0));
+    kernels::cpu::copy_converted(w, weights[i]);
+    if (biases[i].defined()) {
+      Tensor b = s.bias.narrow(0, s.first[i], weights[i].size(0));
+      kernels::cpu::copy_converted(b, biases[i]);
+    }
+  }
+  return s;
+}
+
 // The three projections of one x into out[i] = x W_i^T + b_i. Where bfloat16 is widened, x is
-// widened once for all three (its largest operand), not once per projection.
+// widened once and the three are one product by the stacked weights: the product packs x once,
+// not once per projection, and its float result is rounded into the three outputs in one pass.
 void linear3_into(std::array<Tensor, 3>& out, const Tensor& x, const std::array<Tensor, 3>& weights,
                   const std::array<Tensor, 3>& biases) {
-  if (!widens_bf16(x, x.numel() / x.size(-1))) {
+  const int64_t rows = x.numel() / x.size(-1);
+  if (!widens_bf16(x, rows)) {
     for (size_t i = 0; i < 3; ++i) linear_into(out[i], x, weights[i], biases[i]);
     return;
   }
-  const Tensor wide_x = widened(x);
+  const Stacked stacked = stacked_widened(weights, biases);
+  const int64_t width = stacked.weight.size(0);
+  Tensor wide = empty_large({rows, width}, x.options().dtype(at::kFloat));
+  linear_into(wide, rows_of(widened(x)), stacked.weight, stacked.bias);
+  const float* from = wide.data_ptr<float>();
+  std::array<uint16_t*, 3> to;
   for (size_t i = 0; i < 3; ++i) {
-    Tensor wide = empty_large(out[i].sizes(), out[i].options().dtype(at::kFloat));
-    linear_into(wide, wide_x, widened(weights[i]), widened(biases[i]));
-    kernels::cpu::copy_converted(out[i], wide);
+    to[i] = reinterpret_cast<uint16_t*>(out[i].data_ptr<c10::BFloat16>());
   }
+  at::parallel_for(0, rows, kRoundRowsGrain, [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < 3; ++i) {
+      const int64_t n = weights[i].size(0);
+      kernels::cpu::round_to_bf16_rows(from + begin * width + stacked.first[i], width, end - begin,
+                                       n, to[i] + begin * n, n);
+    }
+  });
 }
 
 // x's sizes with the last one `features`.
@@ -202,6 +251,51 @@ class LargeLinear : public torch::autograd::Function<LargeLinear> {
   }
 };
 
+// The backward of three widened bfloat16 projections of one x as one product each way, by their
+// weights stacked (stacked_widened()): the three upstreams widened side by side into one float
+// matrix G, x's gradient G W (its three parts summed inside one product, rounded once), the
+// weights' G^T x (x packed once) and the biases' G's column sums, each part rounded once.
+torch::autograd::variable_list stacked_backward(torch::autograd::AutogradContext* ctx,
+                                                const torch::autograd::variable_list& saved,
+                                                const torch::autograd::variable_list& grads) {
+  const Tensor& x = saved[0];
+  const int64_t rows = x.numel() / x.size(-1);
+  const Stacked stacked = stacked_widened({saved[1], saved[2], saved[3]}, {});
+  const int64_t width = stacked.weight.size(0);
+  Tensor g = empty_large({rows, width}, x.options().dtype(at::kFloat));
+  for (size_t i = 0; i < 3; ++i) {
+    const int64_t n = saved[1 + i].size(0);
+    const Tensor& upstream = grads[i];
+    if (upstream.scalar_type() != at::kBFloat16 || !upstream.is_contiguous()) {
+      g.narrow(1, stacked.first[i], n).copy_(upstream.reshape({rows, n}));
+      continue;
+    }
+    const auto* from = reinterpret_cast<const uint16_t*>(upstream.data_ptr<c10::BFloat16>());
+    float* to = g.data_ptr<float>() + stacked.first[i];
+    at::parallel_for(0, rows, kRoundRowsGrain, [&](int64_t begin, int64_t end) {
+      kernels::cpu::widen_bf16_rows(from + begin * n, n, end - begin, n, to + begin * width, width);
+    });
+  }
+  bool need_weight = false, need_bias = false;
+  for (size_t i = 0; i < 3; ++i) {
+    need_weight = need_weight || ctx->needs_input_grad(1 + 2 * i);
+    need_bias = need_bias || ctx->needs_input_grad(2 + 2 * i);
+  }
+  Tensor dx, dw, db;
+  linear_backward(g, widened(x), stacked.weight, ctx->needs_input_grad(0), need_weight, need_bias,
+                  dx, dw, db);
+  torch::autograd::variable_list result(7);
+  if (dx.defined()) result[0] = rounded(dx);
+  for (size_t i = 0; i < 3; ++i) {
+    const int64_t n = saved[1 + i].size(0);
+    if (ctx->needs_input_grad(1 + 2 * i))
+      result[1 + 2 * i] = rounded(dw.narrow(0, stacked.first[i], n));
+    if (ctx->needs_input_grad(2 + 2 * i))
+      result[2 + 2 * i] = rounded(db.narrow(0, stacked.first[i], n));
+  }
+  return result;
+}
+
 // Three projections of one x (a self-attention's queries, keys and values) as one node, whose
 // backward sums the three products into one gradient of x. As three nodes they would hand
 // autograd three gradients of x to add, and LibTorch 1.13's autograd adds each into fresh memory
@@ -231,6 +325,9 @@ class LargeLinear3 : public torch::autograd::Function<LargeLinear3> {
     // Where bfloat16 is widened (and the gradients are not differentiated), x is widened once
     // and its gradient summed over the three in float and rounded once.
     const bool widen = !torch::GradMode::is_enabled() && widens_bf16(x, x.numel() / x.size(-1));
+    if (widen && grads[0].defined() && grads[1].defined() && grads[2].defined()) {
+      return stacked_backward(ctx, saved, grads);
+    }
     const Tensor x_used = widen ? widened(x) : x;
     Tensor dx;
     for (int i = 0; i < 3; ++i) {
