@@ -44,8 +44,8 @@ Tensor rows_of(const Tensor& x) {
 // rest of a 16-head step at T = 4096.
 constexpr int64_t kCopiedWeightMinRows = 128;
 
-// Rows of a stacked product's float result a thread rounds at a time.
-constexpr int64_t kRoundRowsGrain = 64;
+// Rows of a stacked product's float matrix a thread converts at a time.
+constexpr int64_t kStackedRowsGrain = 64;
 
 // Whether a projection of `rows` rows of bfloat16 `x` is widened into float's products and its
 // result rounded once: on the CPU where the library widens bfloat16 for its own kernels (no
@@ -115,7 +115,8 @@ void linear_into(Tensor& out, const Tensor& x, const Tensor& weight, const Tenso
 // projection without one; undefined when none has one).
 struct Stacked {
   Tensor weight, bias;
-  std::array<int64_t, 3> first;  // the first row of each projection's weights
+  std::array<int64_t, 3> first;    // the first row of each projection's weights
+  std::array<int64_t, 3> outputs;  // each projection's rows (its outputs)
 };
 
 Stacked stacked_widened(const std::array<Tensor, 3>& weights, const std::array<Tensor, 3>& biases) {
@@ -123,17 +124,18 @@ Stacked stacked_widened(const std::array<Tensor, 3>& weights, const std::array<T
   int64_t rows = 0;
   for (size_t i = 0; i < 3; ++i) {
     s.first[i] = rows;
-    rows += weights[i].size(0);
+    s.outputs[i] = weights[i].size(0);
+    rows += s.outputs[i];
   }
   const auto options = weights[0].options().dtype(at::kFloat);
   s.weight = torch::empty({rows, weights[0].size(1)}, options);
   const bool any_bias = biases[0].defined() || biases[1].defined() || biases[2].defined();
   if (any_bias) s.bias = torch::zeros({rows}, options);
   for (size_t i = 0; i < 3; ++i) {
-    Tensor w = s.weight.narrow(0, s.first[i], weights[i].size(0));
+    Tensor w = s.weight.narrow(0, s.first[i], s.outputs[i]);
     kernels::cpu::copy_converted(w, weights[i]);
     if (biases[i].defined()) {
-      Tensor b = s.bias.narrow(0, s.first[i], weights[i].size(0));
+      Tensor b = s.bias.narrow(0, s.first[i], s.outputs[i]);
       kernels::cpu::copy_converted(b, biases[i]);
     }
   }
@@ -159,9 +161,9 @@ void linear3_into(std::array<Tensor, 3>& out, const Tensor& x, const std::array<
   for (size_t i = 0; i < 3; ++i) {
     to[i] = reinterpret_cast<uint16_t*>(out[i].data_ptr<c10::BFloat16>());
   }
-  at::parallel_for(0, rows, kRoundRowsGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, kStackedRowsGrain, [&](int64_t begin, int64_t end) {
     for (size_t i = 0; i < 3; ++i) {
-      const int64_t n = weights[i].size(0);
+      const int64_t n = stacked.outputs[i];
       kernels::cpu::round_to_bf16_rows(from + begin * width + stacked.first[i], width, end - begin,
                                        n, to[i] + begin * n, n);
     }
@@ -264,7 +266,7 @@ torch::autograd::variable_list stacked_backward(torch::autograd::AutogradContext
   const int64_t width = stacked.weight.size(0);
   Tensor g = empty_large({rows, width}, x.options().dtype(at::kFloat));
   for (size_t i = 0; i < 3; ++i) {
-    const int64_t n = saved[1 + i].size(0);
+    const int64_t n = stacked.outputs[i];
     const Tensor& upstream = grads[i];
     if (upstream.scalar_type() != at::kBFloat16 || !upstream.is_contiguous()) {
       g.narrow(1, stacked.first[i], n).copy_(upstream.reshape({rows, n}));
@@ -272,7 +274,7 @@ torch::autograd::variable_list stacked_backward(torch::autograd::AutogradContext
     }
     const auto* from = reinterpret_cast<const uint16_t*>(upstream.data_ptr<c10::BFloat16>());
     float* to = g.data_ptr<float>() + stacked.first[i];
-    at::parallel_for(0, rows, kRoundRowsGrain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows, kStackedRowsGrain, [&](int64_t begin, int64_t end) {
       kernels::cpu::widen_bf16_rows(from + begin * n, n, end - begin, n, to + begin * width, width);
     });
   }
@@ -287,7 +289,7 @@ torch::autograd::variable_list stacked_backward(torch::autograd::AutogradContext
   torch::autograd::variable_list result(7);
   if (dx.defined()) result[0] = rounded(dx);
   for (size_t i = 0; i < 3; ++i) {
-    const int64_t n = saved[1 + i].size(0);
+    const int64_t n = stacked.outputs[i];
     if (ctx->needs_input_grad(1 + 2 * i))
       result[1 + 2 * i] = rounded(dw.narrow(0, stacked.first[i], n));
     if (ctx->needs_input_grad(2 + 2 * i))
@@ -320,14 +322,15 @@ class LargeLinear3 : public torch::autograd::Function<LargeLinear3> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    torch::autograd::variable_list result(7);
     const Tensor& x = saved[0];
-    // Where bfloat16 is widened (and the gradients are not differentiated), x is widened once
-    // and its gradient summed over the three in float and rounded once.
+    // Where bfloat16 is widened (and the gradients are not differentiated): all three upstreams
+    // as one product (stacked_backward()); with an output left out of the loss, x widened once
+    // and its gradient summed over the projections that took part, in float, rounded once.
     const bool widen = !torch::GradMode::is_enabled() && widens_bf16(x, x.numel() / x.size(-1));
     if (widen && grads[0].defined() && grads[1].defined() && grads[2].defined()) {
       return stacked_backward(ctx, saved, grads);
     }
+    torch::autograd::variable_list result(7);
     const Tensor x_used = widen ? widened(x) : x;
     Tensor dx;
     for (int i = 0; i < 3; ++i) {
