@@ -62,6 +62,13 @@ constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(D()));
 // (so that eight chains of products are in flight).
 constexpr int64_t kGroup = std::max<int64_t>(kLanes, 8);
 static_assert(kLanes == 4 || kLanes == 8 || kLanes == 16, "sum_each folds 1, 2 or 4 blocks");
+// Vector registers: 16 on x86 without AVX-512, 32 with it and on NEON. A block of accumulators
+// larger than the registers is kept on the stack, each product then a load and a store more.
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+constexpr int kRegisters = 16;
+#else
+constexpr int kRegisters = 32;
+#endif
 
 HWY_INLINE V load(D d, const float* p) {
   return hn::LoadU(d, p);
@@ -296,11 +303,21 @@ void values_i8_block(const float* weights, int64_t cols, const int8_t* const* va
   }
 }
 
+// The most registers of features values_i8_block<Rows, ...> takes: its Rows x Chunks sums, the
+// Chunks of a value and the weight within the registers (and at most 4).
+template <int Rows>
+constexpr int value_chunks() {
+  int chunks = 4;
+  while (chunks > 1 && Rows * chunks + chunks + 1 > kRegisters - 1) --chunks;
+  return chunks;
+}
+
 template <int Rows>
 void values_i8_rows(const float* weights, int64_t cols, const int8_t* const* values, float* acc,
                     int64_t dv) {
-  for (int64_t c0 = 0; c0 < dv; c0 += 4 * kLanes) {
-    up_to<4>((dv - c0) / kLanes, [&](auto chunks) {
+  constexpr int kChunks = value_chunks<Rows>();
+  for (int64_t c0 = 0; c0 < dv; c0 += kChunks * kLanes) {
+    up_to<kChunks>((dv - c0) / kLanes, [&](auto chunks) {
       values_i8_block<Rows, chunks()>(weights, cols, values, c0, acc, dv);
     });
   }
@@ -428,8 +445,11 @@ void scores_coded(const int16_t* codes, const float* q_scales, int64_t rows, int
 
 // Many rows against a tile's keys, the rows across lanes: for each pair of features, each key's
 // pair of codes (widened to 16 bits once, for every row) is broadcast into every lane and meets
-// RowVecs registers of rows' code pairs; Keys keys at a time, Keys * RowVecs sums in registers.
+// RowVecs registers of rows' code pairs; kBlockKeys keys at a time, kBlockKeys * RowVecs sums in
+// registers (a group of kColumnKeys widened keys in blocks of 4 where there are 16 registers).
 constexpr int64_t kColumnKeys = kCodedColumnKeys;
+constexpr int64_t kBlockKeys = kRegisters >= 32 ? kColumnKeys : 4;
+static_assert(kColumnKeys % kBlockKeys == 0, "a group is whole blocks");
 
 template <int RowVecs>
 void scores_columns_block(const int32_t* pairs, const float* q_scales, int64_t rows, int64_t d,
@@ -438,14 +458,14 @@ void scores_columns_block(const int32_t* pairs, const float* q_scales, int64_t r
   const D df;
   const D32 d32;
   const D16 d16;
-  V32 acc[kColumnKeys * RowVecs];
+  V32 acc[kBlockKeys * RowVecs];
   for (auto& a : acc) a = hn::Zero(d32);
   for (int64_t p = 0; p < d / 2; ++p) {
     hn::Vec<D16> q[RowVecs];
     for (int v = 0; v < RowVecs; ++v) {
       q[v] = hn::BitCast(d16, hn::LoadU(d32, pairs + p * rows + v * kLanes));
     }
-    for (int64_t k = 0; k < kColumnKeys; ++k) {
+    for (int64_t k = 0; k < kBlockKeys; ++k) {
       const auto pair = hn::BitCast(d16, hn::Set(d32, key_pairs[k * (d / 2) + p]));
       for (int v = 0; v < RowVecs; ++v) {
         acc[k * RowVecs + v] = dot_pairs(d32, q[v], pair, acc[k * RowVecs + v]);
@@ -479,15 +499,19 @@ void scores_coded_columns(const int32_t* pairs, const float* q_scales, int64_t r
       }
     }
     prefetch_rows(keys + j0 + n, std::min(kColumnKeys, cols - j0 - n), d);
-    float* to = s_t + j0 * ld_t;
-    int64_t r0 = 0;
-    for (; r0 + 2 * kLanes <= rows; r0 += 2 * kLanes) {
-      scores_columns_block<2>(pairs + r0, q_scales + r0, rows, d, key_pairs, key_scales + j0, n,
-                              to + r0, ld_t);
-    }
-    for (; r0 < rows; r0 += kLanes) {
-      scores_columns_block<1>(pairs + r0, q_scales + r0, rows, d, key_pairs, key_scales + j0, n,
-                              to + r0, ld_t);
+    for (int64_t k0 = 0; k0 < n; k0 += kBlockKeys) {
+      const int32_t* block = key_pairs + k0 * (d / 2);
+      const int64_t block_n = std::min(kBlockKeys, n - k0);
+      float* to = s_t + (j0 + k0) * ld_t;
+      int64_t r0 = 0;
+      for (; r0 + 2 * kLanes <= rows; r0 += 2 * kLanes) {
+        scores_columns_block<2>(pairs + r0, q_scales + r0, rows, d, block, key_scales + j0 + k0,
+                                block_n, to + r0, ld_t);
+      }
+      for (; r0 < rows; r0 += kLanes) {
+        scores_columns_block<1>(pairs + r0, q_scales + r0, rows, d, block, key_scales + j0 + k0,
+                                block_n, to + r0, ld_t);
+      }
     }
   }
 }
@@ -499,8 +523,10 @@ void scores_coded_columns(const int32_t* pairs, const float* q_scales, int64_t r
 // the register's features and of the upper one feature 8k + 4 + i; the sums are put back in
 // order once per run.
 constexpr int64_t kCodedValueKeys = 256;
-// Rows of a block: each pair of value registers is made once for all of them.
+// Rows of a block: each pair of value registers is made once for all of them, in products of
+// up to kProductRows rows (two sums a row, within the registers).
 constexpr int64_t kCodedValueRows = 8;
+constexpr int kProductRows = kRegisters >= 32 ? 8 : 4;
 // A row's codes in the block's buffer: room for the 0 after an odd run.
 constexpr int64_t kCodedValueStride = kCodedValueKeys + 2;
 
@@ -601,9 +627,12 @@ void values_coded(const float* p, int64_t ld, int64_t rows, const int8_t* const*
           scales[r] = 0;
         }
       }
-      up_to<kCodedValueRows>(block, [&](auto block_rows) {
-        values_coded_block<block_rows()>(codes, scales, values + j0, m, acc + r0 * dv, dv);
-      });
+      for (int64_t b0 = 0; b0 < block; b0 += kProductRows) {
+        up_to<kProductRows>(block - b0, [&](auto block_rows) {
+          values_coded_block<block_rows()>(codes + b0 * kCodedValueStride, scales + b0, values + j0,
+                                           m, acc + (r0 + b0) * dv, dv);
+        });
+      }
     }
   }
 }
