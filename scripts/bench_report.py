@@ -195,6 +195,16 @@ def dtype_targets(records, second, target):
                     target(f"12. LibTorch {v}: {what} {pass_}, bfloat16 time on AVX512_BF16's "
                            "vectors / on AMX's tiles (each over its run's float32)",
                            vectors / tiles, 1.0, at_most=False)
+        # A decoding step over a paged cache (attention-bench paged-decode, each shape's float32
+        # and bfloat16 steps in turn): half the bytes to read, so at most float32's time.
+        for r in sorted((r for r in rs if r["group"] == "paged-decode" and r["T"] >= 8192
+                         and r["impl"].startswith("cpp.bfloat16.") and r["impl"].endswith(".paged")),
+                        key=lambda r: (r["impl"], r["T"])):
+            heads = r["impl"].split(".")[2]
+            what = "1 key/value head" if heads == "kv1" else f"{heads[2:]} key/value heads"
+            target(f"8. LibTorch {v}: decoding step at position {r['T']}, {what}, paged bfloat16 "
+                   "cache / float32",
+                   ratio(r, find(rs, "paged-decode", f"cpp.float32.{heads}.paged", r["T"])), 1.0)
         for pass_ in ("forward", "forward+backward"):
             def sdpa(name):
                 return next((r for r in rs if r["group"] == "dtypes" and r["pass"] == pass_

@@ -896,10 +896,13 @@ void bench_paged_decode() {
   std::vector<int64_t> positions = {4096, 16384, 32768};
   if (settings.quick) positions = {1024};
   const int64_t heads = 32, d = 128, page = 16;
-  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    const std::string type = dtype == torch::kFloat ? "float32" : "bfloat16";
-    for (const int64_t kv_heads : {8, 1}) {
-      for (const int64_t p : positions) {
+  // Each shape's float32 and bfloat16 steps one after the other, so that their ratio is taken
+  // within a minute of the host's rate.
+  for (const int64_t kv_heads : {8, 1}) {
+    for (const int64_t p : positions) {
+      double float_step_ms = 0;
+      for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        const std::string type = dtype == torch::kFloat ? "float32" : "bfloat16";
         progress(fmt::format("paged-decode {} kv_heads {} position {}", type, kv_heads, p));
         torch::manual_seed(0);
         const auto q = torch::randn({1, heads, 1, d}).to(dtype);
@@ -936,7 +939,13 @@ void bench_paged_decode() {
             "{:.2f}",
             type, kv_heads, p, all_threads / contiguous, bytes / all_threads / 1e6,
             bytes / all_threads / 1e6 / rate, one_thread / all_threads));
+        if (dtype == torch::kBFloat16) {
+          progress(fmt::format(
+              "paged-decode bfloat16 kv{} {}: step time / float32's = {:.3f} (target <= 1.0)",
+              kv_heads, p, all_threads / float_step_ms));
+        }
         if (dtype == torch::kFloat) {
+          float_step_ms = all_threads;
           // Pages of 128 tokens: a key/value head's rows of a page lie together, 64 KiB of them
           // here, where 16 tokens' rows are 8 KiB.
           const ShuffledPages large(k, v, 128);
