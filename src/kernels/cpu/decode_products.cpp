@@ -4,9 +4,9 @@
 // arrays of registers these loops hold). With N lanes a register: N keys per group (eight on
 // 128-bit vectors), each key's partial sums in a register of its own and the group's sums gathered
 // into one register by a tree of interleaving adds; up to 8 registers of a row's output held while
-// its keys go by. 8-bit rows take up to four query rows at a time, each code widened once for all
-// of them; or, by default, integer products against queries and weights coded in 16 bits (the
-// second half of the file).
+// its keys go by. bfloat16 and 8-bit rows take up to four query rows at a time, each value widened
+// once for all of them; 8-bit ones by default take integer products against queries and weights
+// coded in 16 bits instead (the second half of the file).
 
 #ifndef HWY_DISABLED_TARGETS
 // The x86 targets above AVX3_DL (bits 0 to 6) add instructions these loops do not use; processors
@@ -217,17 +217,18 @@ void values(const float* p, int64_t ld, int64_t rows, const In* const* values,
   }
 }
 
-// 8-bit keys and values: each code widened in registers once per block of up to four rows, and
-// used there by all of them. Widening a group of keys into a float buffer that every row then
-// read (an earlier form) took about twice the instructions, and the decoding step with an 8-bit
-// cache is bound by them where its codes are in the processor's caches.
+// bfloat16 and 8-bit keys and values: each widened in registers once per block of up to four
+// rows, and used there by all of them. Widening a group of keys into a float buffer that every
+// row then read (an earlier form) took about twice the instructions, and the decoding step with
+// such a cache is bound by them where its rows are in the processor's caches. (Float rows are
+// the multiply-adds' operands as they are, one query row at a time.)
 
 // The keys [j0, j0 + n) of a group of Keys in k, n = min(Keys, cols - j0), and the next group's
 // asked for. A short last group repeats its first key in the missing places; their sums are not
 // stored.
-template <int64_t Keys>
-HWY_INLINE int64_t key_group(const int8_t* const* keys, int64_t j0, int64_t cols, int64_t d,
-                             const int8_t** k) {
+template <int64_t Keys, typename In>
+HWY_INLINE int64_t key_group(const In* const* keys, int64_t j0, int64_t cols, int64_t d,
+                             const In** k) {
   const int64_t n = std::min<int64_t>(Keys, cols - j0);
   for (int64_t i = 0; i < Keys; ++i) k[i] = keys[j0 + (i < n ? i : 0)];
   prefetch_rows(keys + j0 + n, std::min<int64_t>(Keys, cols - j0 - n), d);
@@ -235,14 +236,15 @@ HWY_INLINE int64_t key_group(const int8_t* const* keys, int64_t j0, int64_t cols
 }
 
 // Rows [0, Rows) against keys [0, cols), kLanes / 4 keys at a time; acc[r * kKeys + i] holds row
-// r's partial sums against key i, so that one sum_each gives the block's scores.
-template <int Rows>
-void scores_i8_block(const float* q, int64_t d, const int8_t* const* keys, const float* key_scales,
-                     int64_t cols, float* s, int64_t ld) {
+// r's partial sums against key i, so that one sum_each gives the block's scores. 8-bit keys are
+// times their scales; bfloat16 keys (key_scales null) have none.
+template <int Rows, typename In>
+void scores_block(const float* q, int64_t d, const In* const* keys, const float* key_scales,
+                  int64_t cols, float* s, int64_t ld) {
   constexpr int64_t kKeys = kLanes / 4;
   const D df;
   for (int64_t j0 = 0; j0 < cols; j0 += kKeys) {
-    const int8_t* k[kKeys];
+    const In* k[kKeys];
     const int64_t n = key_group<kKeys>(keys, j0, cols, d, k);
     V acc[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) acc[i] = hn::Zero(df);
@@ -257,31 +259,44 @@ void scores_i8_block(const float* q, int64_t d, const int8_t* const* keys, const
     HWY_ALIGN float sums[kLanes];  // lane r * kKeys + i: row r against key i
     hn::Store(sum_each(df, acc), df, sums);
     for (int r = 0; r < Rows; ++r) {
-      for (int64_t i = 0; i < n; ++i) s[r * ld + j0 + i] = sums[r * kKeys + i] * key_scales[j0 + i];
+      for (int64_t i = 0; i < n; ++i) {
+        s[r * ld + j0 + i] =
+            key_scales != nullptr ? sums[r * kKeys + i] * key_scales[j0 + i] : sums[r * kKeys + i];
+      }
     }
+  }
+}
+
+// Scores of rows against widened keys: one row a group of keys at a time, more in blocks of up
+// to four rows.
+template <typename In>
+void scores_rows(const float* q, int64_t rows, int64_t d, const In* const* keys,
+                 const float* key_scales, int64_t cols, float* s, int64_t ld) {
+  if (rows == 1) {  // a group of keys at a time in registers
+    scores<In>(q, rows, d, keys, key_scales, cols, s, ld);
+    return;
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    up_to<4>(rows - r0, [&](auto block) {
+      scores_block<block(), In>(q + r0 * d, d, keys, key_scales, cols, s + r0 * ld, ld);
+    });
   }
 }
 
 void scores_i8(const float* q, int64_t rows, int64_t d, const int8_t* const* keys,
                const float* key_scales, int64_t cols, float* s, int64_t ld) {
-  if (rows == 1) {  // a group of keys at a time in registers
-    scores<int8_t>(q, rows, d, keys, key_scales, cols, s, ld);
-    return;
-  }
-  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-    up_to<4>(rows - r0, [&](auto block) {
-      scores_i8_block<block()>(q + r0 * d, d, keys, key_scales, cols, s + r0 * ld, ld);
-    });
-  }
+  scores_rows<int8_t>(q, rows, d, keys, key_scales, cols, s, ld);
 }
 
-// Rows [0, Rows)' outputs, features [c0, c0 + kLanes * Chunks), over keys [0, cols): weights[r *
-// kWeightKeys + j] is row r's weight of key j times the key's scale.
+// Rows [0, Rows)' outputs, features [c0, c0 + kLanes * Chunks), over keys [0, cols), each value
+// widened once for all of them: weights[r * wld + j] is row r's weight of key j (for 8-bit
+// values, times the key's scale, 0 where the weight is). A row adds nothing for a bfloat16 value
+// it gives no weight: a NaN there stays out of it (8-bit codes are finite).
 constexpr int64_t kWeightKeys = 64;
 
-template <int Rows, int Chunks>
-void values_i8_block(const float* weights, int64_t cols, const int8_t* const* values, int64_t c0,
-                     float* acc, int64_t dv) {
+template <int Rows, int Chunks, typename In>
+void values_block(const float* weights, int64_t wld, int64_t cols, const In* const* values,
+                  const uint8_t* every_row_weighs, int64_t c0, float* acc, int64_t dv) {
   const D df;
   V a[Rows * Chunks];
   for (int r = 0; r < Rows; ++r) {
@@ -289,11 +304,22 @@ void values_i8_block(const float* weights, int64_t cols, const int8_t* const* va
       a[r * Chunks + i] = hn::LoadU(df, acc + r * dv + c0 + kLanes * i);
   }
   for (int64_t j = 0; j < cols; ++j) {
-    const int8_t* v = values[j] + c0;
+    const In* v = values[j] + c0;
     V x[Chunks];
     for (int i = 0; i < Chunks; ++i) x[i] = load(df, v + kLanes * i);
+    // Where every row of the block weighs the value (marked once for all feature chunks), no
+    // row's weight is tested: the tests would cost as much as the products.
+    if (std::is_same_v<In, int8_t> || every_row_weighs[j]) {
+      for (int r = 0; r < Rows; ++r) {
+        const V w = hn::Set(df, weights[r * wld + j]);
+        for (int i = 0; i < Chunks; ++i) a[r * Chunks + i] = hn::MulAdd(w, x[i], a[r * Chunks + i]);
+      }
+      continue;
+    }
     for (int r = 0; r < Rows; ++r) {
-      const V w = hn::Set(df, weights[r * kWeightKeys + j]);
+      const float weight = weights[r * wld + j];
+      if (weight == 0.0f) continue;
+      const V w = hn::Set(df, weight);
       for (int i = 0; i < Chunks; ++i) a[r * Chunks + i] = hn::MulAdd(w, x[i], a[r * Chunks + i]);
     }
   }
@@ -312,14 +338,29 @@ constexpr int value_chunks() {
   return chunks;
 }
 
-template <int Rows>
-void values_i8_rows(const float* weights, int64_t cols, const int8_t* const* values, float* acc,
-                    int64_t dv) {
+// Keys [0, cols), up to kWeightKeys of them for 8-bit values (whose weights are 0 only where
+// the row gives none); bfloat16 values are taken kWeightKeys keys at a time, each marked where
+// every row of the block gives it a weight.
+template <int Rows, typename In>
+void values_rows(const float* weights, int64_t wld, int64_t cols, const In* const* values,
+                 float* acc, int64_t dv) {
   constexpr int kChunks = value_chunks<Rows>();
-  for (int64_t c0 = 0; c0 < dv; c0 += kChunks * kLanes) {
-    up_to<kChunks>((dv - c0) / kLanes, [&](auto chunks) {
-      values_i8_block<Rows, chunks()>(weights, cols, values, c0, acc, dv);
-    });
+  uint8_t every_row_weighs[kWeightKeys];
+  for (int64_t j0 = 0; j0 < cols; j0 += kWeightKeys) {
+    const int64_t m = std::min(kWeightKeys, cols - j0);
+    if constexpr (!std::is_same_v<In, int8_t>) {
+      for (int64_t j = 0; j < m; ++j) {
+        bool every = true;
+        for (int r = 0; r < Rows; ++r) every = every && weights[r * wld + j0 + j] != 0.0f;
+        every_row_weighs[j] = every;
+      }
+    }
+    for (int64_t c0 = 0; c0 < dv; c0 += kChunks * kLanes) {
+      up_to<kChunks>((dv - c0) / kLanes, [&](auto chunks) {
+        values_block<Rows, chunks(), In>(weights + j0, wld, m, values + j0, every_row_weighs, c0,
+                                         acc, dv);
+      });
+    }
   }
 }
 
@@ -347,7 +388,7 @@ void values_i8(const float* p, int64_t ld, int64_t rows, const int8_t* const* va
         }
       }
       up_to<4>(block, [&](auto block_rows) {
-        values_i8_rows<block_rows()>(weights, m, values + j0, acc + r0 * dv, dv);
+        values_rows<block_rows(), int8_t>(weights, kWeightKeys, m, values + j0, acc + r0 * dv, dv);
       });
     }
   }
@@ -637,16 +678,29 @@ void values_coded(const float* p, int64_t ld, int64_t rows, const int8_t* const*
   }
 }
 
-// Float and bfloat16 rows carry no scales.
+// Float and bfloat16 rows carry no scales. A bfloat16 row is widened once for a block of up to
+// four query rows (a float row is an operand of the multiply-adds as it is).
 template <typename In>
 void plain_scores(const float* q, int64_t rows, int64_t d, const In* const* keys, int64_t cols,
                   float* s, int64_t ld) {
-  scores<In>(q, rows, d, keys, nullptr, cols, s, ld);
+  if constexpr (std::is_same_v<In, float>) {
+    scores<In>(q, rows, d, keys, nullptr, cols, s, ld);
+  } else {
+    scores_rows<In>(q, rows, d, keys, nullptr, cols, s, ld);
+  }
 }
 template <typename In>
 void plain_values(const float* p, int64_t ld, int64_t rows, const In* const* v, int64_t cols,
                   float* acc, int64_t dv) {
-  values<In>(p, ld, rows, v, nullptr, cols, acc, dv);
+  if (std::is_same_v<In, float> || rows == 1) {
+    values<In>(p, ld, rows, v, nullptr, cols, acc, dv);
+    return;
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    up_to<4>(rows - r0, [&](auto block) {
+      values_rows<block(), In>(p + r0 * ld, ld, cols, v, acc + r0 * dv, dv);
+    });
+  }
 }
 
 }  // namespace HWY_NAMESPACE
