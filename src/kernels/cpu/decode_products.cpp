@@ -235,6 +235,16 @@ HWY_INLINE int64_t key_group(const In* const* keys, int64_t j0, int64_t cols, in
   return n;
 }
 
+// Asks for the keys kGroup ahead of a group of Keys at j0 (and at the first group for those in
+// between), each once: the next group alone is too short a distance for the memory to deliver
+// the rows in time (docs/PERFORMANCE.md, the bfloat16 decoding step on an AVX2 processor).
+template <int64_t Keys, typename In>
+HWY_INLINE void prefetch_ahead(const In* const* keys, int64_t j0, int64_t cols, int64_t d) {
+  const int64_t from = j0 == 0 ? Keys : j0 + kGroup;
+  const int64_t to = std::min<int64_t>(cols, j0 + kGroup + Keys);
+  if (to > from) prefetch_rows(keys + from, to - from, d);
+}
+
 // Rows [0, Rows) against keys [0, cols), kLanes / 4 keys at a time; acc[r * kKeys + i] holds row
 // r's partial sums against key i, so that one sum_each gives the block's scores. 8-bit keys are
 // times their scales; bfloat16 keys (key_scales null) have none.
@@ -245,7 +255,9 @@ void scores_block(const float* q, int64_t d, const In* const* keys, const float*
   const D df;
   for (int64_t j0 = 0; j0 < cols; j0 += kKeys) {
     const In* k[kKeys];
-    const int64_t n = key_group<kKeys>(keys, j0, cols, d, k);
+    const int64_t n = std::min<int64_t>(kKeys, cols - j0);
+    for (int64_t i = 0; i < kKeys; ++i) k[i] = keys[j0 + (i < n ? i : 0)];
+    prefetch_ahead<kKeys>(keys, j0, cols, d);
     V acc[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) acc[i] = hn::Zero(df);
     for (int64_t c = 0; c < d; c += kLanes) {
