@@ -214,31 +214,35 @@ TEST_CASE("cpu decode products: weighted values add to the output, zero weights 
 TEST_CASE("cpu decode products: bfloat16 rows in blocks equal one row at a time, bit for bit",
           "[paged]") {
   for (const cpu::DecodeProducts* set : runnable_products()) {
-    const int64_t d = 3 * set->lanes, cols = 19, rows = 7;  // blocks of 4 and 3 rows
-    INFO(set->name);
-    Rows keys(cols, d, 21);
-    keys.b[cols - 1][1] = 0x7FC0;  // a NaN in key 0's value (the pointers run backwards)
-    const auto q = random_floats(rows * d, 23);
-    const int64_t ld = cols + 2;
-    std::vector<float> together(rows * ld, -7.0f), alone(rows * ld, -7.0f);
-    set->scores_bf16(q.data(), rows, d, keys.b_ptr.data(), cols, together.data(), ld);
-    for (int64_t r = 0; r < rows; ++r) {
-      set->scores_bf16(q.data() + r * d, 1, d, keys.b_ptr.data(), cols, alone.data() + r * ld, ld);
+    // Blocks of 4 and 3 rows; 100 keys cross the values' runs of 64.
+    for (const int64_t cols : {int64_t{19}, int64_t{100}}) {
+      const int64_t d = 3 * set->lanes, rows = 7;
+      INFO(set->name << " cols=" << cols);
+      Rows keys(cols, d, 21);
+      keys.b[cols - 1][1] = 0x7FC0;  // a NaN in key 0's value (the pointers run backwards)
+      const auto q = random_floats(rows * d, 23);
+      const int64_t ld = cols + 2;
+      std::vector<float> together(rows * ld, -7.0f), alone(rows * ld, -7.0f);
+      set->scores_bf16(q.data(), rows, d, keys.b_ptr.data(), cols, together.data(), ld);
+      for (int64_t r = 0; r < rows; ++r) {
+        set->scores_bf16(q.data() + r * d, 1, d, keys.b_ptr.data(), cols, alone.data() + r * ld,
+                         ld);
+      }
+      CHECK(std::memcmp(together.data(), alone.data(), together.size() * sizeof(float)) == 0);
+      const auto p = weights_with_zeros(rows, cols, ld);
+      auto acc_together = random_floats(rows * d, 25);
+      auto acc_alone = acc_together;
+      set->values_bf16(p.data(), ld, rows, keys.b_ptr.data(), cols, acc_together.data(), d);
+      for (int64_t r = 0; r < rows; ++r) {
+        set->values_bf16(p.data() + r * ld, ld, 1, keys.b_ptr.data(), cols,
+                         acc_alone.data() + r * d, d);
+      }
+      CHECK(std::memcmp(acc_together.data(), acc_alone.data(), acc_alone.size() * sizeof(float)) ==
+            0);
+      // Only row 1 weighs key 0, whose value holds the NaN.
+      CHECK(std::isnan(acc_together[1 * d + 1]));
+      CHECK_FALSE(std::isnan(acc_together[0 * d + 1]));
     }
-    CHECK(std::memcmp(together.data(), alone.data(), together.size() * sizeof(float)) == 0);
-    const auto p = weights_with_zeros(rows, cols, ld);
-    auto acc_together = random_floats(rows * d, 25);
-    auto acc_alone = acc_together;
-    set->values_bf16(p.data(), ld, rows, keys.b_ptr.data(), cols, acc_together.data(), d);
-    for (int64_t r = 0; r < rows; ++r) {
-      set->values_bf16(p.data() + r * ld, ld, 1, keys.b_ptr.data(), cols, acc_alone.data() + r * d,
-                       d);
-    }
-    CHECK(std::memcmp(acc_together.data(), acc_alone.data(), acc_alone.size() * sizeof(float)) ==
-          0);
-    // Only row 1 weighs key 0, whose value holds the NaN.
-    CHECK(std::isnan(acc_together[1 * d + 1]));
-    CHECK_FALSE(std::isnan(acc_together[0 * d + 1]));
   }
 }
 
