@@ -16,12 +16,10 @@
 #include "modules/projection.h"
 #include "checks.h"
 #include "gemm/large_gemm.h"
-#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/tile.h"
 #include "memory/empty_large.h"
 
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
@@ -43,9 +41,6 @@ Tensor rows_of(const Tensor& x) {
 // itself. At d = 2048 a copy of W^T per projection (16 MB, fresh pages each call) took 4x the
 // rest of a 16-head step at T = 4096.
 constexpr int64_t kCopiedWeightMinRows = 128;
-
-// Rows of a stacked product's float matrix a thread converts at a time.
-constexpr int64_t kStackedRowsGrain = 64;
 
 // Whether a projection of `rows` rows of bfloat16 `x` is widened into float's products and its
 // result rounded once: on the CPU where the library widens bfloat16 for its own kernels (no
@@ -156,18 +151,10 @@ void linear3_into(std::array<Tensor, 3>& out, const Tensor& x, const std::array<
   const int64_t width = stacked.weight.size(0);
   Tensor wide = empty_large({rows, width}, x.options().dtype(at::kFloat));
   linear_into(wide, rows_of(widened(x)), stacked.weight, stacked.bias);
-  const float* from = wide.data_ptr<float>();
-  std::array<uint16_t*, 3> to;
   for (size_t i = 0; i < 3; ++i) {
-    to[i] = reinterpret_cast<uint16_t*>(out[i].data_ptr<c10::BFloat16>());
+    Tensor rows_i = out[i].view({rows, stacked.outputs[i]});
+    kernels::cpu::copy_converted(rows_i, wide.narrow(1, stacked.first[i], stacked.outputs[i]));
   }
-  at::parallel_for(0, rows, kStackedRowsGrain, [&](int64_t begin, int64_t end) {
-    for (size_t i = 0; i < 3; ++i) {
-      const int64_t n = stacked.outputs[i];
-      kernels::cpu::round_to_bf16_rows(from + begin * width + stacked.first[i], width, end - begin,
-                                       n, to[i] + begin * n, n);
-    }
-  });
 }
 
 // x's sizes with the last one `features`.
@@ -266,17 +253,8 @@ torch::autograd::variable_list stacked_backward(torch::autograd::AutogradContext
   const int64_t width = stacked.weight.size(0);
   Tensor g = empty_large({rows, width}, x.options().dtype(at::kFloat));
   for (size_t i = 0; i < 3; ++i) {
-    const int64_t n = stacked.outputs[i];
-    const Tensor& upstream = grads[i];
-    if (upstream.scalar_type() != at::kBFloat16 || !upstream.is_contiguous()) {
-      g.narrow(1, stacked.first[i], n).copy_(upstream.reshape({rows, n}));
-      continue;
-    }
-    const auto* from = reinterpret_cast<const uint16_t*>(upstream.data_ptr<c10::BFloat16>());
-    float* to = g.data_ptr<float>() + stacked.first[i];
-    at::parallel_for(0, rows, kStackedRowsGrain, [&](int64_t begin, int64_t end) {
-      kernels::cpu::widen_bf16_rows(from + begin * n, n, end - begin, n, to + begin * width, width);
-    });
+    Tensor part = g.narrow(1, stacked.first[i], stacked.outputs[i]);
+    kernels::cpu::copy_converted(part, grads[i].reshape({rows, stacked.outputs[i]}));
   }
   bool need_weight = false, need_bias = false;
   for (size_t i = 0; i < 3; ++i) {

@@ -3,6 +3,8 @@
 #include "kernels/cpu/bf16_convert.h"
 #include "memory/empty_large.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -41,6 +43,9 @@ torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype) {
   return out;
 }
 
+// Rows a thread converts at a time, where copy_converted() goes row by row.
+constexpr int64_t kConvertedRowsGrain = 64;
+
 void copy_converted(torch::Tensor& out, const torch::Tensor& t) {
   // bfloat16 to float and back, where both lie densely in the same order: one run of memory.
   const auto from = t.scalar_type(), dtype = out.scalar_type();
@@ -54,6 +59,27 @@ void copy_converted(torch::Tensor& out, const torch::Tensor& t) {
     } else {
       round_to_bf16(t.data_ptr<float>(), reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
                     t.numel());
+    }
+    return;
+  }
+  // Matrices whose rows are contiguous but lie apart (a column block of a wider matrix): row by
+  // row, rows split across the threads. (Rows of out that overlap are left to copy_, which
+  // refuses them.)
+  if (bf16_pair && t.device().is_cpu() && out.device().is_cpu() && t.dim() == 2 && out.dim() == 2 &&
+      t.stride(1) == 1 && out.stride(1) == 1 && out.stride(0) >= out.size(1)) {
+    const int64_t rows = t.size(0), n = t.size(1), ld_in = t.stride(0), ld_out = out.stride(0);
+    if (from == at::kBFloat16) {
+      const auto* in = reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+      float* to = out.data_ptr<float>();
+      at::parallel_for(0, rows, kConvertedRowsGrain, [&](int64_t begin, int64_t end) {
+        widen_bf16_rows(in + begin * ld_in, ld_in, end - begin, n, to + begin * ld_out, ld_out);
+      });
+    } else {
+      const float* in = t.data_ptr<float>();
+      auto* to = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+      at::parallel_for(0, rows, kConvertedRowsGrain, [&](int64_t begin, int64_t end) {
+        round_to_bf16_rows(in + begin * ld_in, ld_in, end - begin, n, to + begin * ld_out, ld_out);
+      });
     }
     return;
   }

@@ -40,7 +40,8 @@ Problem with_float_mask(const Problem& p);
 torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype);
 
 /// out = t in out's dtype (the same sizes): the library's own conversion where bfloat16 and float
-/// lie densely in the same order, LibTorch's copy_ elsewhere.
+/// lie densely in the same order or are matrices of contiguous rows (a column block of a wider
+/// matrix, say), LibTorch's copy_ elsewhere.
 void copy_converted(torch::Tensor& out, const torch::Tensor& t);
 
 /// The float copy of an input that widened_to_float().
