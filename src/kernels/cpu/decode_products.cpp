@@ -223,15 +223,12 @@ void values(const float* p, int64_t ld, int64_t rows, const In* const* values,
 // such a cache is bound by them where its rows are in the processor's caches. (Float rows are
 // the multiply-adds' operands as they are, one query row at a time.)
 
-// The keys [j0, j0 + n) of a group of Keys in k, n = min(Keys, cols - j0), and the next group's
-// asked for. A short last group repeats its first key in the missing places; their sums are not
-// stored.
+// The keys [j0, j0 + n) of a group of Keys in k, n = min(Keys, cols - j0). A short last group
+// repeats its first key in the missing places; their sums are not stored.
 template <int64_t Keys, typename In>
-HWY_INLINE int64_t key_group(const In* const* keys, int64_t j0, int64_t cols, int64_t d,
-                             const In** k) {
+HWY_INLINE int64_t key_group(const In* const* keys, int64_t j0, int64_t cols, const In** k) {
   const int64_t n = std::min<int64_t>(Keys, cols - j0);
   for (int64_t i = 0; i < Keys; ++i) k[i] = keys[j0 + (i < n ? i : 0)];
-  prefetch_rows(keys + j0 + n, std::min<int64_t>(Keys, cols - j0 - n), d);
   return n;
 }
 
@@ -255,8 +252,7 @@ void scores_block(const float* q, int64_t d, const In* const* keys, const float*
   const D df;
   for (int64_t j0 = 0; j0 < cols; j0 += kKeys) {
     const In* k[kKeys];
-    const int64_t n = std::min<int64_t>(kKeys, cols - j0);
-    for (int64_t i = 0; i < kKeys; ++i) k[i] = keys[j0 + (i < n ? i : 0)];
+    const int64_t n = key_group<kKeys>(keys, j0, cols, k);
     prefetch_ahead<kKeys>(keys, j0, cols, d);
     V acc[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) acc[i] = hn::Zero(df);
@@ -453,7 +449,8 @@ void scores_coded_block(const int16_t* codes, const float* q_scales, int64_t d,
   const hn::Rebind<int8_t, D16> d8;
   for (int64_t j0 = 0; j0 < cols; j0 += kKeys) {
     const int8_t* k[kKeys];
-    const int64_t n = key_group<kKeys>(keys, j0, cols, d, k);
+    const int64_t n = key_group<kKeys>(keys, j0, cols, k);
+    prefetch_rows(keys + j0 + n, std::min<int64_t>(kKeys, cols - j0 - n), d);  // the next group
     V32 acc[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) acc[i] = hn::Zero(d32);
     for (int64_t c = 0; c < d; c += kCodeLanes) {
