@@ -15,6 +15,8 @@
 //           varlen             (16 causal sequences of 16 to 2048 tokens: packed in one
 //                               varlen_attention call, one call each, and padded to a batch)
 //           read-rate          (the machine's memory read rate: a 512 MiB buffer summed)
+//           multiply-rates     (one core's float, 16-bit and 8-bit vector products per second
+//                               on AVX2: the decoding step's products' bound there)
 //           paged-decode       (one sequence's decoding step over a paged cache and over
 //                               contiguous keys, as keys and values read per second; with
 //                               ATTENTION_CPU_INT8=widened the 8-bit step's records are named
@@ -44,6 +46,8 @@
 //           auto               (Backend::Auto's choice against Chunked and Math at T = 8 to
 //                               1024, B=1, H=8, through the functional API and the operator,
 //                               with and without gradients)
+
+#include "multiply_rates.h"
 
 #include <attention/attention.h>
 
@@ -813,6 +817,27 @@ double read_rate_gb_per_s() {
   return static_cast<double>(bytes) / ms / 1e6;
 }
 
+// One core's vector multiply rates (multiply_rates.h), each as products per second and over
+// float's rate. Empty where the processor has no AVX2.
+void bench_multiply_rates() {
+  progress("multiply-rates");
+  const auto rates = attention_bench::multiply_rates(settings.repeats * 2);
+  if (rates.empty()) {
+    progress("multiply-rates: skipped (no AVX2 and FMA)");
+    return;
+  }
+  const double float_rate = rates.front().products_per_s;
+  for (const auto& r : rates) {
+    fmt::print(
+        "{{\"lang\": \"cpp\", \"group\": \"multiply-rates\", \"impl\": \"{}\", "
+        "\"operands\": \"{}\", \"g_products_per_s\": {:.1f}, \"over_float\": {:.2f}, "
+        "\"threads\": 1, \"torch\": \"{}\"}}\n",
+        r.instructions, r.operands, r.products_per_s / 1e9, r.products_per_s / float_rate,
+        TORCH_VERSION);
+  }
+  std::fflush(stdout);
+}
+
 // The same step over an 8-bit cache: the keys and values written into a PagedKVCache of dtype
 // Char (codes and a scale per row), its pages then laid in the float step's shuffled order. The
 // step time against the float cache's (`float_ms`), and its bytes read per second.
@@ -1574,8 +1599,8 @@ int main(int argc, char** argv) {
           "usage: attention-bench [--threads N] [--repeats N] [--quick] GROUP...\n"
           "groups: matmul article raschka raschka-train core-train decode dtypes varlen\n"
           "        long:chunked|math:T long-train:chunked|math:T window:T:W blocks:T\n"
-          "        read-rate paged-decode paged-prefill shared-prefix block-mask:T\n"
-          "        block-attention:T\n"
+          "        read-rate multiply-rates paged-decode paged-prefill shared-prefix\n"
+          "        block-mask:T block-attention:T\n"
           "        mla-decode deltanet dsa:T auto zoo-layer\n");
       return 0;
     } else {
@@ -1616,6 +1641,8 @@ int main(int argc, char** argv) {
       bench_varlen();
     } else if (g == "read-rate") {
       read_rate_gb_per_s();
+    } else if (g == "multiply-rates") {
+      bench_multiply_rates();
     } else if (g == "paged-decode") {
       bench_paged_decode();
     } else if (g == "mla-decode") {
