@@ -69,6 +69,10 @@ constexpr int kRegisters = 16;
 #else
 constexpr int kRegisters = 32;
 #endif
+// For the loops over such blocks: unrolled whole, with their bounds constant, the blocks stay in
+// registers (an index known only at run time keeps an array on the stack).
+#undef ATTENTION_UNROLL
+#define ATTENTION_UNROLL _Pragma("GCC unroll 16")
 
 HWY_INLINE V load(D d, const float* p) {
   return hn::LoadU(d, p);
@@ -509,6 +513,7 @@ void scores_columns_block(const int32_t* pairs, const float* q_scales, int64_t r
   const D32 d32;
   const D16 d16;
   V32 acc[kBlockKeys * RowVecs];
+  ATTENTION_UNROLL
   for (auto& a : acc) a = hn::Zero(d32);
   for (int64_t p = 0; p < d / 2; ++p) {
     hn::Vec<D16> q[RowVecs];
@@ -522,7 +527,12 @@ void scores_columns_block(const int32_t* pairs, const float* q_scales, int64_t r
       }
     }
   }
-  for (int64_t k = 0; k < n; ++k) {
+  // Constant bounds (ATTENTION_UNROLL): with `n` as the bound the sums were kept on the stack,
+  // zeroed there and copied between registers in the loop above.
+  ATTENTION_UNROLL
+  for (int64_t k = 0; k < kBlockKeys; ++k) {
+    if (k >= n) continue;
+    ATTENTION_UNROLL
     for (int v = 0; v < RowVecs; ++v) {
       const V scales = hn::Mul(hn::LoadU(df, q_scales + v * kLanes), hn::Set(df, key_scales[k]));
       hn::StoreU(hn::Mul(hn::ConvertTo(df, acc[k * RowVecs + v]), scales), df,
@@ -630,12 +640,18 @@ void values_coded_block(const int16_t* codes, const float* scales, const int8_t*
   const hn::Rebind<int8_t, D16> d8;
   for (int64_t c0 = 0; c0 < dv; c0 += kCodeLanes) {
     V32 lower[Rows], upper[Rows];
+    ATTENTION_UNROLL
     for (int r = 0; r < Rows; ++r) lower[r] = upper[r] = hn::Zero(d32);
+      // Two pairs of keys a step (an unrolled copy of the loop): GCC copies each sum between two
+      // registers at the end of every step, half as often then.
+#pragma GCC unroll 2
     for (int64_t j = 0; j < m; j += 2) {
       const auto x0 = hn::PromoteTo(d16, hn::LoadU(d8, values[j] + c0));
-      // An odd run's last pair: its second weight is 0, any row will do.
-      const auto x1 = hn::PromoteTo(d16, hn::LoadU(d8, values[j + 1 < m ? j + 1 : j] + c0));
+      // An odd run's last pair: its second weight is 0, any row will do. (A select: the branch
+      // it replaced read x0's row twice.)
+      const auto x1 = hn::PromoteTo(d16, hn::LoadU(d8, values[std::min(j + 1, m - 1)] + c0));
       const auto low = hn::InterleaveLower(d16, x0, x1), high = hn::InterleaveUpper(d16, x0, x1);
+      ATTENTION_UNROLL
       for (int r = 0; r < Rows; ++r) {
         int32_t word;  // the weights of keys j (low half) and j + 1
         std::memcpy(&word, codes + r * kCodedValueStride + j, sizeof word);
@@ -644,6 +660,7 @@ void values_coded_block(const int16_t* codes, const float* scales, const int8_t*
         upper[r] = dot_pairs(d32, high, pair, upper[r]);
       }
     }
+    ATTENTION_UNROLL
     for (int r = 0; r < Rows; ++r) {
       HWY_ALIGN float low_sums[kLanes], high_sums[kLanes];
       const V scale = hn::Set(df, scales[r]);
