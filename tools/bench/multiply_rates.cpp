@@ -82,6 +82,28 @@ ATTENTION_BENCH_AVX2 void byte_products(int64_t n) {
       : ATTENTION_BENCH_CLOBBERS);
 }
 
+// The same for signed bytes times signed bytes (the 8-bit cache's codes and 8-bit queries):
+// vpabsb makes one side unsigned and vpsignb moves its signs to the other.
+#define ATTENTION_BENCH_SIGNED_BYTES(acc, tmp)  \
+  "vpabsb %%ymm8, %%ymm" tmp                    \
+  "\n\t"                                        \
+  "vpsignb %%ymm8, %%ymm9, %%ymm15\n\t"         \
+  "vpmaddubsw %%ymm15, %%ymm" tmp ", %%ymm" tmp \
+  "\n\t"                                        \
+  "vpmaddwd %%ymm10, %%ymm" tmp ", %%ymm" tmp   \
+  "\n\t"                                        \
+  "vpaddd %%ymm" tmp ", %%ymm" acc ", %%ymm" acc "\n\t"
+ATTENTION_BENCH_AVX2 void signed_byte_products(int64_t n) {
+  const int32_t operand = 0x03fb05fd, ones = 0x00010001;
+  __asm__ volatile(
+      "vpbroadcastd %1, %%ymm8\n\tvpbroadcastd %1, %%ymm9\n\t"
+      "vpbroadcastd %2, %%ymm10\n\t" ATTENTION_BENCH_LOOP(ATTENTION_BENCH_SIGNED_BYTES)
+      : "+r"(n)
+      : "m"(operand), "m"(ones)
+      : ATTENTION_BENCH_CLOBBERS, "xmm15");
+}
+
+#undef ATTENTION_BENCH_SIGNED_BYTES
 #undef ATTENTION_BENCH_BYTES
 #undef ATTENTION_BENCH_PAIRS
 #undef ATTENTION_BENCH_FLOATS
@@ -111,6 +133,8 @@ std::vector<MultiplyRate> multiply_rates(int repeats) {
       {"vfmadd231ps", "float", products_per_s(float_products, 8, repeats)},
       {"vpmaddwd+vpaddd", "16-bit", products_per_s(pair_products, 16, repeats)},
       {"vpmaddubsw+vpmaddwd+vpaddd", "8-bit", products_per_s(byte_products, 32, repeats)},
+      {"vpabsb+vpsignb+vpmaddubsw+vpmaddwd+vpaddd", "8-bit signed",
+       products_per_s(signed_byte_products, 32, repeats)},
   };
 }
 
