@@ -23,102 +23,70 @@ namespace {
 
 constexpr int kChains = 8;
 
-// Eight accumulators in ymm0-ymm7, the operands in ymm8-ymm10, a product's result in one of
-// ymm11-ymm14 (renaming makes their reuse free): each step's instructions in one asm statement,
-// so that no register copy or spill of the compiler's comes between them.
+// Eight accumulators in ymm0-ymm7; a 32-bit operand word broadcast into ymm8 and ymm9, 16-bit
+// ones into ymm10; a product's result in one of ymm11-ymm14 (renaming makes their reuse free), a
+// second temporary in ymm15. Each function is one asm statement, so that no register copy or
+// spill of the compiler's comes between the instructions timed.
 #define ATTENTION_BENCH_EIGHT(step)                                                               \
   step("0", "11") step("1", "12") step("2", "13") step("3", "14") step("4", "11") step("5", "12") \
       step("6", "13") step("7", "14")
-#define ATTENTION_BENCH_LOOP(step)                                                       \
-  "vpxor %%ymm0, %%ymm0, %%ymm0\n\tvmovdqa %%ymm0, %%ymm1\n\tvmovdqa %%ymm0, %%ymm2\n\t" \
-  "vmovdqa %%ymm0, %%ymm3\n\tvmovdqa %%ymm0, %%ymm4\n\tvmovdqa %%ymm0, %%ymm5\n\t"       \
-  "vmovdqa %%ymm0, %%ymm6\n\tvmovdqa %%ymm0, %%ymm7\n\t"                                 \
-  "1:\n\t" ATTENTION_BENCH_EIGHT(step) "dec %0\n\tjnz 1b\n\t"
-#define ATTENTION_BENCH_CLOBBERS                                                           \
-  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
-      "xmm11", "xmm12", "xmm13", "xmm14", "cc"
+#define ATTENTION_BENCH_RATE(name, step)                                                           \
+  ATTENTION_BENCH_AVX2 void name(int64_t n, int32_t operand) {                                     \
+    const int32_t ones = 0x00010001;                                                               \
+    __asm__ volatile(                                                                              \
+        "vpbroadcastd %1, %%ymm8\n\tvpbroadcastd %1, %%ymm9\n\tvpbroadcastd %2, %%ymm10\n\t"       \
+        "vpxor %%ymm0, %%ymm0, %%ymm0\n\tvmovdqa %%ymm0, %%ymm1\n\tvmovdqa %%ymm0, %%ymm2\n\t"     \
+        "vmovdqa %%ymm0, %%ymm3\n\tvmovdqa %%ymm0, %%ymm4\n\tvmovdqa %%ymm0, %%ymm5\n\t"           \
+        "vmovdqa %%ymm0, %%ymm6\n\tvmovdqa %%ymm0, %%ymm7\n\t"                                     \
+        "1:\n\t" ATTENTION_BENCH_EIGHT(step) "dec %0\n\tjnz 1b\n\t"                                \
+        : "+r"(n)                                                                                  \
+        : "m"(operand), "m"(ones)                                                                  \
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");                                      \
+  }
 
 // acc += a * b: vfmadd231ps, 8 float products.
 #define ATTENTION_BENCH_FLOATS(acc, tmp) "vfmadd231ps %%ymm8, %%ymm9, %%ymm" acc "\n\t"
-ATTENTION_BENCH_AVX2 void float_products(int64_t n) {
-  const float operand = 0.5f;
-  __asm__ volatile("vbroadcastss %1, %%ymm8\n\tvbroadcastss %1, %%ymm9\n\t" ATTENTION_BENCH_LOOP(
-                       ATTENTION_BENCH_FLOATS)
-                   : "+r"(n)
-                   : "m"(operand)
-                   : ATTENTION_BENCH_CLOBBERS);
-}
+ATTENTION_BENCH_RATE(float_products, ATTENTION_BENCH_FLOATS)
 
 // acc += vpmaddwd(a, b): 16 products of 16-bit codes, each pair's sum added into a 32-bit lane
 // (the decoding step's integer products on AVX2).
 #define ATTENTION_BENCH_PAIRS(acc, tmp) \
-  "vpmaddwd %%ymm8, %%ymm9, %%ymm" tmp  \
-  "\n\t"                                \
-  "vpaddd %%ymm" tmp ", %%ymm" acc ", %%ymm" acc "\n\t"
-ATTENTION_BENCH_AVX2 void pair_products(int64_t n) {
-  const int32_t operand = 0x00030005;
-  __asm__ volatile("vpbroadcastd %1, %%ymm8\n\tvpbroadcastd %1, %%ymm9\n\t" ATTENTION_BENCH_LOOP(
-                       ATTENTION_BENCH_PAIRS)
-                   : "+r"(n)
-                   : "m"(operand)
-                   : ATTENTION_BENCH_CLOBBERS);
-}
+  "vpmaddwd %%ymm8, %%ymm9, %%ymm" tmp "\n\tvpaddd %%ymm" tmp ", %%ymm" acc ", %%ymm" acc "\n\t"
+ATTENTION_BENCH_RATE(pair_products, ATTENTION_BENCH_PAIRS)
 
 // acc += vpmaddwd(vpmaddubsw(a, b), ones): 32 products of unsigned by signed bytes, summed in
 // (saturating) 16-bit pairs, those widened by the products by ones and added into 32-bit lanes.
-#define ATTENTION_BENCH_BYTES(acc, tmp)       \
-  "vpmaddubsw %%ymm9, %%ymm8, %%ymm" tmp      \
-  "\n\t"                                      \
-  "vpmaddwd %%ymm10, %%ymm" tmp ", %%ymm" tmp \
-  "\n\t"                                      \
-  "vpaddd %%ymm" tmp ", %%ymm" acc ", %%ymm" acc "\n\t"
-ATTENTION_BENCH_AVX2 void byte_products(int64_t n) {
-  const int32_t operand = 0x03050305, ones = 0x00010001;
-  __asm__ volatile(
-      "vpbroadcastd %1, %%ymm8\n\tvpbroadcastd %1, %%ymm9\n\t"
-      "vpbroadcastd %2, %%ymm10\n\t" ATTENTION_BENCH_LOOP(ATTENTION_BENCH_BYTES)
-      : "+r"(n)
-      : "m"(operand), "m"(ones)
-      : ATTENTION_BENCH_CLOBBERS);
-}
+#define ATTENTION_BENCH_BYTES(acc, tmp)                                                  \
+  "vpmaddubsw %%ymm9, %%ymm8, %%ymm" tmp "\n\tvpmaddwd %%ymm10, %%ymm" tmp ", %%ymm" tmp \
+  "\n\tvpaddd %%ymm" tmp ", %%ymm" acc ", %%ymm" acc "\n\t"
+ATTENTION_BENCH_RATE(byte_products, ATTENTION_BENCH_BYTES)
 
 // The same for signed bytes times signed bytes (the 8-bit cache's codes and 8-bit queries):
 // vpabsb makes one side unsigned and vpsignb moves its signs to the other.
-#define ATTENTION_BENCH_SIGNED_BYTES(acc, tmp)  \
-  "vpabsb %%ymm8, %%ymm" tmp                    \
-  "\n\t"                                        \
-  "vpsignb %%ymm8, %%ymm9, %%ymm15\n\t"         \
-  "vpmaddubsw %%ymm15, %%ymm" tmp ", %%ymm" tmp \
-  "\n\t"                                        \
-  "vpmaddwd %%ymm10, %%ymm" tmp ", %%ymm" tmp   \
-  "\n\t"                                        \
-  "vpaddd %%ymm" tmp ", %%ymm" acc ", %%ymm" acc "\n\t"
-ATTENTION_BENCH_AVX2 void signed_byte_products(int64_t n) {
-  const int32_t operand = 0x03fb05fd, ones = 0x00010001;
-  __asm__ volatile(
-      "vpbroadcastd %1, %%ymm8\n\tvpbroadcastd %1, %%ymm9\n\t"
-      "vpbroadcastd %2, %%ymm10\n\t" ATTENTION_BENCH_LOOP(ATTENTION_BENCH_SIGNED_BYTES)
-      : "+r"(n)
-      : "m"(operand), "m"(ones)
-      : ATTENTION_BENCH_CLOBBERS, "xmm15");
-}
+#define ATTENTION_BENCH_SIGNED_BYTES(acc, tmp)                                                  \
+  "vpabsb %%ymm8, %%ymm" tmp                                                                    \
+  "\n\tvpsignb %%ymm8, %%ymm9, %%ymm15\n\t"                                                     \
+  "vpmaddubsw %%ymm15, %%ymm" tmp ", %%ymm" tmp "\n\tvpmaddwd %%ymm10, %%ymm" tmp ", %%ymm" tmp \
+  "\n\tvpaddd %%ymm" tmp ", %%ymm" acc ", %%ymm" acc "\n\t"
+ATTENTION_BENCH_RATE(signed_byte_products, ATTENTION_BENCH_SIGNED_BYTES)
 
 #undef ATTENTION_BENCH_SIGNED_BYTES
 #undef ATTENTION_BENCH_BYTES
 #undef ATTENTION_BENCH_PAIRS
 #undef ATTENTION_BENCH_FLOATS
-#undef ATTENTION_BENCH_CLOBBERS
-#undef ATTENTION_BENCH_LOOP
+#undef ATTENTION_BENCH_RATE
 #undef ATTENTION_BENCH_EIGHT
 
-// Products per second of `run(n)` doing `per_step` products a step: the best of `repeats`.
+// Products per second of `run(n, operand)` doing `per_step` products a step: the best of
+// `repeats`.
 template <typename Run>
-double products_per_s(const Run& run, double per_step, int repeats) {
+double products_per_s(const Run& run, int32_t operand, double per_step, int repeats) {
   constexpr int64_t kSteps = 20'000'000 / kChains;
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
-    run(kSteps);
+    run(kSteps, operand);
     best = std::min(
         best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -130,11 +98,13 @@ double products_per_s(const Run& run, double per_step, int repeats) {
 std::vector<MultiplyRate> multiply_rates(int repeats) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return {};
   return {
-      {"vfmadd231ps", "float", products_per_s(float_products, 8, repeats)},
-      {"vpmaddwd+vpaddd", "16-bit", products_per_s(pair_products, 16, repeats)},
-      {"vpmaddubsw+vpmaddwd+vpaddd", "8-bit", products_per_s(byte_products, 32, repeats)},
+      // The operands: 0.5f; the 16-bit codes 5 and 3; the bytes -3, 5, -5, 3.
+      {"vfmadd231ps", "float", products_per_s(float_products, 0x3f000000, 8, repeats)},
+      {"vpmaddwd+vpaddd", "16-bit", products_per_s(pair_products, 0x00030005, 16, repeats)},
+      {"vpmaddubsw+vpmaddwd+vpaddd", "8-bit",
+       products_per_s(byte_products, 0x03fb05fd, 32, repeats)},
       {"vpabsb+vpsignb+vpmaddubsw+vpmaddwd+vpaddd", "8-bit signed",
-       products_per_s(signed_byte_products, 32, repeats)},
+       products_per_s(signed_byte_products, 0x03fb05fd, 32, repeats)},
   };
 }
 
