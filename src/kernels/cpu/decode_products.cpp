@@ -73,6 +73,8 @@ constexpr int kRegisters = 32;
 // registers (an index known only at run time keeps an array on the stack).
 #undef ATTENTION_UNROLL
 #define ATTENTION_UNROLL _Pragma("GCC unroll 16")
+#undef ATTENTION_UNROLL_TWICE
+#define ATTENTION_UNROLL_TWICE _Pragma("GCC unroll 2")
 
 HWY_INLINE V load(D d, const float* p) {
   return hn::LoadU(d, p);
@@ -642,9 +644,9 @@ void values_coded_block(const int16_t* codes, const float* scales, const int8_t*
     V32 lower[Rows], upper[Rows];
     ATTENTION_UNROLL
     for (int r = 0; r < Rows; ++r) lower[r] = upper[r] = hn::Zero(d32);
-      // Two pairs of keys a step (an unrolled copy of the loop): GCC copies each sum between two
-      // registers at the end of every step, half as often then.
-#pragma GCC unroll 2
+    // Two pairs of keys a step (an unrolled copy of the loop): GCC copies each sum between two
+    // registers at the end of every step, half as often then.
+    ATTENTION_UNROLL_TWICE
     for (int64_t j = 0; j < m; j += 2) {
       const auto x0 = hn::PromoteTo(d16, hn::LoadU(d8, values[j] + c0));
       // An odd run's last pair: its second weight is 0, any row will do. (A select: the branch
