@@ -55,6 +55,10 @@ ATTENTION_BENCH_RATE(float_products, ATTENTION_BENCH_FLOATS)
   "vpmaddwd %%ymm8, %%ymm9, %%ymm" tmp "\n\tvpaddd %%ymm" tmp ", %%ymm" acc ", %%ymm" acc "\n\t"
 ATTENTION_BENCH_RATE(pair_products, ATTENTION_BENCH_PAIRS)
 
+// vpmaddwd alone, each result overwriting the last (no sum): the instruction's own rate.
+#define ATTENTION_BENCH_PAIRS_ALONE(acc, tmp) "vpmaddwd %%ymm8, %%ymm9, %%ymm" acc "\n\t"
+ATTENTION_BENCH_RATE(pair_products_alone, ATTENTION_BENCH_PAIRS_ALONE)
+
 // acc += vpmaddwd(vpmaddubsw(a, b), ones): 32 products of unsigned by signed bytes, summed in
 // (saturating) 16-bit pairs, those widened by the products by ones and added into 32-bit lanes.
 #define ATTENTION_BENCH_BYTES(acc, tmp)                                                  \
@@ -73,6 +77,7 @@ ATTENTION_BENCH_RATE(signed_byte_products, ATTENTION_BENCH_SIGNED_BYTES)
 
 #undef ATTENTION_BENCH_SIGNED_BYTES
 #undef ATTENTION_BENCH_BYTES
+#undef ATTENTION_BENCH_PAIRS_ALONE
 #undef ATTENTION_BENCH_PAIRS
 #undef ATTENTION_BENCH_FLOATS
 #undef ATTENTION_BENCH_RATE
@@ -101,6 +106,7 @@ std::vector<MultiplyRate> multiply_rates(int repeats) {
       // The operands: 0.5f; the 16-bit codes 5 and 3; the bytes -3, 5, -5, 3.
       {"vfmadd231ps", "float", products_per_s(float_products, 0x3f000000, 8, repeats)},
       {"vpmaddwd+vpaddd", "16-bit", products_per_s(pair_products, 0x00030005, 16, repeats)},
+      {"vpmaddwd (no sum)", "16-bit", products_per_s(pair_products_alone, 0x00030005, 16, repeats)},
       {"vpmaddubsw+vpmaddwd+vpaddd", "8-bit",
        products_per_s(byte_products, 0x03fb05fd, 32, repeats)},
       {"vpabsb+vpsignb+vpmaddubsw+vpmaddwd+vpaddd", "8-bit signed",
