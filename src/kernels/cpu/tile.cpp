@@ -47,12 +47,16 @@ torch::Tensor converted(const torch::Tensor& t, at::ScalarType dtype) {
 constexpr int64_t kConvertedRowsGrain = 64;
 
 void copy_converted(torch::Tensor& out, const torch::Tensor& t) {
-  // bfloat16 to float and back, where both lie densely in the same order: one run of memory.
+  // The library's own conversions are bfloat16 to float and back, on the CPU.
   const auto from = t.scalar_type(), dtype = out.scalar_type();
   const bool bf16_pair = (from == at::kBFloat16 && dtype == at::kFloat) ||
                          (from == at::kFloat && dtype == at::kBFloat16);
-  if (bf16_pair && t.device().is_cpu() && out.device().is_cpu() &&
-      t.is_non_overlapping_and_dense() && out.strides() == t.strides()) {
+  if (!bf16_pair || !t.device().is_cpu() || !out.device().is_cpu()) {
+    out.copy_(t);
+    return;
+  }
+  // Both lying densely in the same order: one run of memory.
+  if (t.is_non_overlapping_and_dense() && out.strides() == t.strides()) {
     if (from == at::kBFloat16) {
       widen_bf16(reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()),
                  out.data_ptr<float>(), t.numel());
@@ -65,8 +69,8 @@ void copy_converted(torch::Tensor& out, const torch::Tensor& t) {
   // Matrices whose rows are contiguous but lie apart (a column block of a wider matrix): row by
   // row, rows split across the threads. (Rows of out that overlap are left to copy_, which
   // refuses them.)
-  if (bf16_pair && t.device().is_cpu() && out.device().is_cpu() && t.dim() == 2 && out.dim() == 2 &&
-      t.stride(1) == 1 && out.stride(1) == 1 && out.stride(0) >= out.size(1)) {
+  if (t.dim() == 2 && out.dim() == 2 && t.stride(1) == 1 && out.stride(1) == 1 &&
+      out.stride(0) >= out.size(1)) {
     const int64_t rows = t.size(0), n = t.size(1), ld_in = t.stride(0), ld_out = out.stride(0);
     if (from == at::kBFloat16) {
       const auto* in = reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
