@@ -374,7 +374,15 @@ TEST_CASE("cpu decode products: coded scores are exact integer sums times both s
             const int64_t ld = cols + 5;
             std::vector<float> s(rows * ld, -7.0f);  // the padding past cols must stay
             set->scores_coded(codes.data(), q_scales.data(), rows, d, keys.ptr.data(),
-                              keys.scales.data(), cols, s.data(), ld);
+                              keys.scales.data(), cols, s.data(), ld, nullptr);
+            // Asking for rows on the way (here the keys themselves) changes no score, and every
+            // line has been asked for on return.
+            cpu::RowsAhead ahead(keys.ptr.data(), cols, d);
+            std::vector<float> s_asking(rows * ld, -7.0f);
+            set->scores_coded(codes.data(), q_scales.data(), rows, d, keys.ptr.data(),
+                              keys.scales.data(), cols, s_asking.data(), ld, &ahead);
+            CHECK(std::memcmp(s_asking.data(), s.data(), s.size() * sizeof(float)) == 0);
+            CHECK(ahead.left() == 0);
             // Rows a multiple of the lanes: the transposed products of many rows too.
             const bool columns = rows % set->lanes == 0;
             std::vector<float> s_t(cols * rows, -7.0f);
@@ -434,7 +442,14 @@ TEST_CASE("cpu decode products: coded weights' values equal the stated coding's 
           auto acc = random_floats(rows * dv, 47 + dv);
           const auto start = acc;
           set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
-                            acc.data(), dv);
+                            acc.data(), dv, nullptr);
+          // Asking for rows on the way changes no sum, and every line is asked for on return.
+          cpu::RowsAhead ahead(values.ptr.data(), cols, dv);
+          auto acc_asking = start;
+          set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
+                            acc_asking.data(), dv, &ahead);
+          CHECK(std::memcmp(acc_asking.data(), acc.data(), acc.size() * sizeof(float)) == 0);
+          CHECK(ahead.left() == 0);
           bool as_coded = true, within_half_a_code = true, nan_kept = true;
           for (int64_t r = 0; r < rows; ++r) {
             std::vector<double> coded(start.begin() + r * dv, start.begin() + (r + 1) * dv);

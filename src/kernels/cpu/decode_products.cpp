@@ -447,7 +447,7 @@ HWY_INLINE V32 dot_pairs(D32 d32, hn::Vec<D16> a, hn::Vec<D16> b, V32 acc) {
 template <int Rows>
 void scores_coded_block(const int16_t* codes, const float* q_scales, int64_t d,
                         const int8_t* const* keys, const float* key_scales, int64_t cols, float* s,
-                        int64_t ld) {
+                        int64_t ld, RowsAhead* ahead) {
   constexpr int64_t kKeys = kLanes / Rows;
   const D df;
   const D32 d32;
@@ -457,6 +457,7 @@ void scores_coded_block(const int16_t* codes, const float* q_scales, int64_t d,
     const int8_t* k[kKeys];
     const int64_t n = key_group<kKeys>(keys, j0, cols, k);
     prefetch_rows(keys + j0 + n, std::min<int64_t>(kKeys, cols - j0 - n), d);  // the next group
+    if (ahead != nullptr) ahead->step();
     V32 acc[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) acc[i] = hn::Zero(d32);
     for (int64_t c = 0; c < d; c += kCodeLanes) {
@@ -482,21 +483,30 @@ void scores_coded_block(const int16_t* codes, const float* q_scales, int64_t d,
 
 void scores_coded(const int16_t* codes, const float* q_scales, int64_t rows, int64_t d,
                   const int8_t* const* keys, const float* key_scales, int64_t cols, float* s,
-                  int64_t ld) {
+                  int64_t ld, RowsAhead* ahead) {
+  if (ahead != nullptr) {
+    // One step for each group of keys of each block of rows below.
+    const auto groups = [&](int64_t keys_a_group) {
+      return (cols + keys_a_group - 1) / keys_a_group;
+    };
+    ahead->spread_over(rows / 4 * groups(kLanes / 4) + rows % 4 / 2 * groups(kLanes / 2) +
+                       rows % 2 * groups(kLanes));
+  }
   int64_t r0 = 0;
   for (; r0 + 4 <= rows; r0 += 4) {
-    scores_coded_block<4>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld,
-                          ld);
+    scores_coded_block<4>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld, ld,
+                          ahead);
   }
   if (rows - r0 >= 2) {
-    scores_coded_block<2>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld,
-                          ld);
+    scores_coded_block<2>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld, ld,
+                          ahead);
     r0 += 2;
   }
   if (r0 < rows) {
-    scores_coded_block<1>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld,
-                          ld);
+    scores_coded_block<1>(codes + r0 * d, q_scales + r0, d, keys, key_scales, cols, s + r0 * ld, ld,
+                          ahead);
   }
+  if (ahead != nullptr) ahead->rest();
 }
 
 // Many rows against a tile's keys, the rows across lanes: for each pair of features, each key's
@@ -635,12 +645,13 @@ bool code_weights(const float* p, const float* scales, int64_t m, int16_t* codes
 // [0, m), added to acc (row stride dv) times each row's scale.
 template <int Rows>
 void values_coded_block(const int16_t* codes, const float* scales, const int8_t* const* values,
-                        int64_t m, float* acc, int64_t dv) {
+                        int64_t m, float* acc, int64_t dv, RowsAhead* ahead) {
   const D df;
   const D32 d32;
   const D16 d16;
   const hn::Rebind<int8_t, D16> d8;
   for (int64_t c0 = 0; c0 < dv; c0 += kCodeLanes) {
+    if (ahead != nullptr) ahead->step();
     V32 lower[Rows], upper[Rows];
     ATTENTION_UNROLL
     for (int r = 0; r < Rows; ++r) lower[r] = upper[r] = hn::Zero(d32);
@@ -679,9 +690,18 @@ void values_coded_block(const int16_t* codes, const float* scales, const int8_t*
 }
 
 void values_coded(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
-                  const float* value_scales, int64_t cols, float* acc, int64_t dv) {
+                  const float* value_scales, int64_t cols, float* acc, int64_t dv,
+                  RowsAhead* ahead) {
   HWY_ALIGN int16_t codes[kCodedValueRows * kCodedValueStride];
   float scales[kCodedValueRows];
+  if (ahead != nullptr) {
+    // One step for each block of features of each block of rows of each run below.
+    const int64_t runs = (cols + kCodedValueKeys - 1) / kCodedValueKeys;
+    const int64_t blocks =
+        rows / kCodedValueRows * ((kCodedValueRows + kProductRows - 1) / kProductRows) +
+        (rows % kCodedValueRows + kProductRows - 1) / kProductRows;
+    ahead->spread_over(runs * blocks * (dv / kCodeLanes));
+  }
   for (int64_t j0 = 0; j0 < cols; j0 += kCodedValueKeys) {
     const int64_t m = std::min(kCodedValueKeys, cols - j0);
     for (int64_t r0 = 0; r0 < rows; r0 += kCodedValueRows) {
@@ -699,11 +719,12 @@ void values_coded(const float* p, int64_t ld, int64_t rows, const int8_t* const*
       for (int64_t b0 = 0; b0 < block; b0 += kProductRows) {
         up_to<kProductRows>(block - b0, [&](auto block_rows) {
           values_coded_block<block_rows()>(codes + b0 * kCodedValueStride, scales + b0, values + j0,
-                                           m, acc + (r0 + b0) * dv, dv);
+                                           m, acc + (r0 + b0) * dv, dv, ahead);
         });
       }
     }
   }
+  if (ahead != nullptr) ahead->rest();
 }
 
 // Float and bfloat16 rows carry no scales. A bfloat16 row is widened once for a block of up to

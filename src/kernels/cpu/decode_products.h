@@ -16,6 +16,7 @@
 // (kernels/cpu/decode_products.cpp, through Google Highway) compiled for each instruction set and
 // chosen at run time as the exponential passes are (kernels/cpu/softmax.h).
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,39 @@ namespace cpu {
 
 /// Keys scores_coded_columns() widens at a time.
 constexpr int64_t kCodedColumnKeys = 8;
+
+/// 8-bit rows (the next tile's keys or values) that a call of the integer products asks the
+/// memory for while it runs, a few cache lines at each step of its loops. Asked for all at once,
+/// a tile's lines (256 for 64 keys and values of 128 features) wait for the core's few miss
+/// buffers and stall it there, and the memory then idles while the products run
+/// (docs/PERFORMANCE.md, the 8-bit cache without int8 products).
+class RowsAhead {
+ public:
+  RowsAhead() = default;
+  /// `count` rows of `width` bytes each.
+  RowsAhead(const int8_t* const* rows, int64_t count, int64_t width)
+      : rows_(rows), count_(count), lines_per_row_((width + kLine - 1) / kLine) {}
+
+  /// Spreads the lines not yet asked for over `steps` calls of step().
+  void spread_over(int64_t steps) { per_step_ = steps > 0 ? (left() + steps - 1) / steps : left(); }
+  /// Asks for the next few lines.
+  void step() { ask(per_step_); }
+  /// Asks for every line not yet asked for.
+  void rest() { ask(left()); }
+  /// The lines not yet asked for.
+  int64_t left() const { return count_ * lines_per_row_ - asked_; }
+
+ private:
+  static constexpr int64_t kLine = 64;
+  void ask(int64_t lines) {
+    for (const int64_t end = std::min(asked_ + lines, count_ * lines_per_row_); asked_ < end;
+         ++asked_) {
+      __builtin_prefetch(rows_[asked_ / lines_per_row_] + asked_ % lines_per_row_ * kLine);
+    }
+  }
+  const int8_t* const* rows_ = nullptr;
+  int64_t count_ = 0, lines_per_row_ = 0, asked_ = 0, per_step_ = 0;
+};
 
 /// One instruction set's products. Feature counts (d, dv) must be multiples of `lanes`.
 struct DecodeProducts {
@@ -61,10 +95,11 @@ struct DecodeProducts {
   /// Scores of coded query rows against 8-bit keys on integer products: s[r * ld + j] =
   /// q_scales[r] * key_scales[j] * (sum_c codes[r * d + c] * keys[j][c]), the sum exact in 32-bit
   /// integers, which codes within query_code_limit(d) guarantee. d must be a multiple of
-  /// 2 * lanes (a register of 16-bit codes).
+  /// 2 * lanes (a register of 16-bit codes). `ahead` (may be null): rows asked for on the way,
+  /// every one of them by the time it returns.
   void (*scores_coded)(const int16_t* codes, const float* q_scales, int64_t rows, int64_t d,
                        const int8_t* const* keys, const float* key_scales, int64_t cols, float* s,
-                       int64_t ld);
+                       int64_t ld, RowsAhead* ahead);
   /// The same for many rows, transposed: s_t[j * ld_t + r] = q_scales[r] * key_scales[j] *
   /// (sum_c codes[r][c] * keys[j][c]), with the codes as pack_code_pairs() lays them out (`pairs`)
   /// and rows a multiple of `lanes`. Each key is widened once (into `scratch`, room for
@@ -78,9 +113,10 @@ struct DecodeProducts {
   /// coded in 16 bits with a scale of the row's own (its largest weight / 32767: every weight
   /// within 1/65534 of the largest), and the sums of weight codes times value codes exact in 32
   /// bits. A row whose weights are not all finite (a NaN or infinite scale of a key it weighs)
-  /// takes values_i8's float products.
+  /// takes values_i8's float products. `ahead` as scores_coded's.
   void (*values_coded)(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
-                       const float* value_scales, int64_t cols, float* acc, int64_t dv);
+                       const float* value_scales, int64_t cols, float* acc, int64_t dv,
+                       RowsAhead* ahead);
 };
 
 /// Coded query rows (rows x d, d even) as scores_coded_columns() reads them: pairs[p * rows + r]

@@ -104,22 +104,27 @@ struct Pages {
       scale_head_stride = row_scales.stride(1);
     }
   }
-  // Where rows [first, first + count) of key/value head kv lie, and for 8-bit pages their scales:
-  // one division for all of them.
+  // Where rows [first, first + count) of key/value head kv lie, and for 8-bit pages their scales,
+  // a page at a time. A null scale_to asks for the scales' cache lines instead of reading them,
+  // for rows read later: their reads would wait on the memory here.
   void rows(const int64_t* table, int64_t kv, int64_t first, int64_t count, const In** to,
             float* scale_to) const {
     int64_t page = first / page_size, slot = first % page_size;
-    const In* at = data + table[page] * page_stride + kv * head_stride + slot * row_stride;
-    for (int64_t j = 0; j < count; ++j) {
-      to[j] = at;
-      at += row_stride;
+    for (int64_t j = 0; j < count; ++page, slot = 0) {
+      const int64_t n = std::min(page_size - slot, count - j);
+      const In* at = data + table[page] * page_stride + kv * head_stride + slot * row_stride;
+      for (int64_t i = 0; i < n; ++i) to[j + i] = at + i * row_stride;
       if constexpr (std::is_same_v<In, int8_t>) {
-        scale_to[j] = scales[table[page] * scale_page_stride + kv * scale_head_stride + slot];
+        const float* scale =
+            scales + table[page] * scale_page_stride + kv * scale_head_stride + slot;
+        if (scale_to != nullptr) {
+          std::copy(scale, scale + n, scale_to + j);
+        } else {
+          __builtin_prefetch(scale);
+          __builtin_prefetch(scale + n - 1);
+        }
       }
-      if (++slot == page_size && j + 1 < count) {
-        slot = 0;
-        at = data + table[++page] * page_stride + kv * head_stride;
-      }
+      j += n;
     }
   }
 };
@@ -400,6 +405,8 @@ class PagedForward {
     int16_t* q_codes;
     float* q_scales;
     bool coded = false;
+    // Keys [asked_from, asked_to) of the item, whose rows the last tile asked the memory for.
+    int64_t asked_from = 0, asked_to = 0;
     // The matrix route's: the codes in pairs (cpu::pack_code_pairs) and a group of keys' codes
     // widened for the products.
     int32_t *q_pairs = nullptr, *key_words = nullptr;
@@ -526,6 +533,7 @@ class PagedForward {
     const int64_t* table = table_ + it.sequence * table_ld_;
     const int64_t rows = it.rows, d = p_.d;
     const Acc scale = static_cast<Acc>(p_.scale);
+    w.asked_from = w.asked_to = 0;  // no key of this item is on its way yet
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = p_.sequences->query_begin(w.sequence[r]) + w.query[r];
       const Acc* from = q_.row(w.head[r], i);
@@ -580,11 +588,11 @@ class PagedForward {
 
   // Scores on integer products, where the item's queries are coded; false where they are not.
   bool coded_scores(const Buffers& w, int64_t rows, const In* const* keys, const float* scales,
-                    int64_t cols, Acc* s) const {
+                    int64_t cols, Acc* s, cpu::RowsAhead* ahead) const {
     if constexpr (std::is_same_v<In, int8_t> && std::is_same_v<Acc, float>) {
       if (w.coded) {
-        products_->scores_coded(w.q_codes, w.q_scales, rows, p_.d, keys, scales, cols, s,
-                                kScoresLd);
+        products_->scores_coded(w.q_codes, w.q_scales, rows, p_.d, keys, scales, cols, s, kScoresLd,
+                                ahead);
         return true;
       }
     }
@@ -622,25 +630,33 @@ class PagedForward {
     if (hi <= lo) return;  // no row sees a key of this tile
     k_.rows(table, it.kv, j0 + lo, hi - lo, w.k_ptr + lo, w.k_scale + lo);
     v_.rows(table, it.kv, j0 + lo, hi - lo, w.v_ptr + lo, w.v_scale + lo);
+    // 8-bit rows are short: the next tile is asked for too, or too few bytes are on their way at
+    // once for the memory to deliver its rate. Its rows are asked for a few lines at a time as
+    // the integer products go (RowsAhead), its scales' lines here.
+    const bool asked = w.asked_from <= j0 + lo && j0 + hi <= w.asked_to;
+    cpu::RowsAhead keys_ahead, values_ahead;
     if constexpr (std::is_same_v<In, int8_t>) {
-      // 8-bit rows are short: the next tile is asked for too, or too few bytes are on their way
-      // at once for the memory to deliver its rate.
       const int64_t next = std::min(kPagedKeyTile, it.key_end - (j0 + cols));
       if (next > 0 && cols + next <= kMatrixKeyTile) {
-        k_.rows(table, it.kv, j0 + cols, next, w.k_ptr + cols, w.k_scale + cols);
-        v_.rows(table, it.kv, j0 + cols, next, w.v_ptr + cols, w.v_scale + cols);
-        prefetch_rows(w.k_ptr + cols, next, d);
-        prefetch_rows(w.v_ptr + cols, next, dv);
+        k_.rows(table, it.kv, j0 + cols, next, w.k_ptr + cols, nullptr);
+        v_.rows(table, it.kv, j0 + cols, next, w.v_ptr + cols, nullptr);
+        keys_ahead = cpu::RowsAhead(w.k_ptr + cols, next, d);
+        values_ahead = cpu::RowsAhead(w.v_ptr + cols, next, dv);
+        w.asked_from = j0 + cols;
+        w.asked_to = j0 + cols + next;
       }
     }
     // Scores of every row against the keys some row sees, while the values they weigh are on
     // their way to the cache (rows a page apart are in no order a hardware prefetcher follows).
     if (products_ != nullptr) {
-      prefetch_rows(w.v_ptr + lo, hi - lo, dv);
-      if (!coded_scores(w, rows, w.k_ptr + lo, w.k_scale + lo, hi - lo, w.s + lo)) {
+      if (!asked) prefetch_rows(w.v_ptr + lo, hi - lo, dv);
+      if (!coded_scores(w, rows, w.k_ptr + lo, w.k_scale + lo, hi - lo, w.s + lo, &keys_ahead)) {
+        keys_ahead.rest();
         vector_scores(w.q, rows, w.k_ptr + lo, w.k_scale + lo, hi - lo, w.s + lo, ld);
       }
     } else {
+      keys_ahead.rest();
+      values_ahead.rest();
       for (int64_t j = lo; j < hi; ++j) {
         const In* key = w.k_ptr[j];
         for (int64_t r = 0; r < rows; ++r) {
@@ -673,7 +689,8 @@ class PagedForward {
     }
     // The weighted values (a value a row gives no weight is not read for it).
     if (products_ != nullptr) {
-      vector_values(w.s + lo, ld, rows, w.v_ptr + lo, w.v_scale + lo, hi - lo, w.acc);
+      vector_values(w.s + lo, ld, rows, w.v_ptr + lo, w.v_scale + lo, hi - lo, w.acc,
+                    &values_ahead);
       return;
     }
     for (int64_t j = lo; j < hi; ++j) {
@@ -727,8 +744,8 @@ class PagedForward {
     // Into the pointers' upper half: the tile's own are still read after this.
     const In** k = w.k_ptr + kMatrixKeyTile;
     const In** v = w.v_ptr + kMatrixKeyTile;
-    k_.rows(table, it.kv, from, next, k, w.k_scale + kMatrixKeyTile);
-    v_.rows(table, it.kv, from, next, v, w.v_scale + kMatrixKeyTile);
+    k_.rows(table, it.kv, from, next, k, nullptr);  // the scales' lines asked for
+    v_.rows(table, it.kv, from, next, v, nullptr);
     prefetch_rows(k, next, p_.d);
     prefetch_rows(v, next, p_.dv);
   }
@@ -773,7 +790,7 @@ class PagedForward {
     }
     cpu::online_softmax_step(w.s, rows, cols, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
     if (codes_values_) {
-      vector_values(w.s, ld, rows, w.v_ptr, w.v_scale, cols, w.acc);
+      vector_values(w.s, ld, rows, w.v_ptr, w.v_scale, cols, w.acc, nullptr);
     } else {
       cpu::gemm<Acc>(false, false, rows, dv, padded, Acc(1), w.s, ld, w.values, dv, Acc(1), w.acc,
                      dv, w.scratch);
@@ -823,12 +840,14 @@ class PagedForward {
                              ld);
     }
   }
+  // `ahead`: the next tile's values, asked for on the way (all at once by the float products).
   void vector_values(const Acc* weights, int64_t ld, int64_t rows, const In* const* values,
-                     const float* scales, int64_t cols, Acc* acc) const {
+                     const float* scales, int64_t cols, Acc* acc, cpu::RowsAhead* ahead) const {
     if constexpr (std::is_same_v<In, int8_t>) {
       if (codes_values_) {
-        products_->values_coded(weights, ld, rows, values, scales, cols, acc, p_.dv);
+        products_->values_coded(weights, ld, rows, values, scales, cols, acc, p_.dv, ahead);
       } else {
+        if (ahead != nullptr) ahead->rest();
         products_->values_i8(weights, ld, rows, values, scales, cols, acc, p_.dv);
       }
     } else if constexpr (std::is_same_v<In, float>) {
