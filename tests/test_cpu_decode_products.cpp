@@ -431,8 +431,8 @@ TEST_CASE("cpu decode products: coded weights' values equal the stated coding's 
           "[paged][int8_products]") {
   for (const cpu::DecodeProducts* set : runnable_products()) {
     for (const int64_t dv : feature_counts(set, {2, 4, 6})) {
-      for (const int64_t rows :
-           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{8}, int64_t{9}, int64_t{33}}) {
+      for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{8}, int64_t{9},
+                                 int64_t{33}, 2 * set->lanes, 3 * set->lanes, 4 * set->lanes}) {
         for (const int64_t cols : {int64_t{1}, int64_t{7}, int64_t{70}, int64_t{300}}) {
           INFO(set->name << " dv=" << dv << " rows=" << rows << " cols=" << cols);
           CodeRows values(cols, dv, 43 + cols);
@@ -442,14 +442,19 @@ TEST_CASE("cpu decode products: coded weights' values equal the stated coding's 
           auto acc = random_floats(rows * dv, 47 + dv);
           const auto start = acc;
           set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
-                            acc.data(), dv, nullptr);
-          // Asking for rows on the way changes no sum, and every line is asked for on return.
-          cpu::RowsAhead ahead(values.ptr.data(), cols, dv);
-          auto acc_asking = start;
-          set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
-                            acc_asking.data(), dv, &ahead);
-          CHECK(std::memcmp(acc_asking.data(), acc.data(), acc.size() * sizeof(float)) == 0);
-          CHECK(ahead.left() == 0);
+                            acc.data(), dv, nullptr, nullptr);
+          // Asking for rows on the way changes no sum, and every line is asked for on return;
+          // with scratch, rows a multiple of the lanes (and at least twice them) take the rows
+          // across lanes, with the same results bit for bit.
+          for (const bool scratch : {false, true}) {
+            cpu::RowsAhead ahead(values.ptr.data(), cols, dv);
+            std::vector<int32_t> words(cpu::coded_values_scratch_words(rows, dv), -1);
+            auto acc_asking = start;
+            set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
+                              acc_asking.data(), dv, &ahead, scratch ? words.data() : nullptr);
+            CHECK(std::memcmp(acc_asking.data(), acc.data(), acc.size() * sizeof(float)) == 0);
+            CHECK(ahead.left() == 0);
+          }
           bool as_coded = true, within_half_a_code = true, nan_kept = true;
           for (int64_t r = 0; r < rows; ++r) {
             std::vector<double> coded(start.begin() + r * dv, start.begin() + (r + 1) * dv);

@@ -517,28 +517,40 @@ constexpr int64_t kColumnKeys = kCodedColumnKeys;
 constexpr int64_t kBlockKeys = kRegisters >= 32 ? kColumnKeys : 4;
 static_assert(kColumnKeys % kBlockKeys == 0, "a group is whole blocks");
 
+// The products of both: sums[k * RowVecs + v] = the sum over p < count of the pairs of rows
+// v * kLanes... in lanes (lane_pairs[p * rows + ...]) times the pair broadcast[k * k_step + p *
+// p_step], for k < kBlockKeys.
+template <int RowVecs>
+HWY_INLINE void column_products(const int32_t* lane_pairs, int64_t rows, const int32_t* broadcast,
+                                int64_t k_step, int64_t p_step, int64_t count, V32* sums) {
+  const D32 d32;
+  const D16 d16;
+  ATTENTION_UNROLL
+  for (int64_t i = 0; i < kBlockKeys * RowVecs; ++i) sums[i] = hn::Zero(d32);
+  // Two pairs a step (an unrolled copy of the loop): GCC copies each sum between two registers at
+  // the end of every step, half as often then.
+  ATTENTION_UNROLL_TWICE
+  for (int64_t p = 0; p < count; ++p) {
+    hn::Vec<D16> lanes[RowVecs];
+    for (int v = 0; v < RowVecs; ++v) {
+      lanes[v] = hn::BitCast(d16, hn::LoadU(d32, lane_pairs + p * rows + v * kLanes));
+    }
+    for (int64_t k = 0; k < kBlockKeys; ++k) {
+      const auto pair = hn::BitCast(d16, hn::Set(d32, broadcast[k * k_step + p * p_step]));
+      for (int v = 0; v < RowVecs; ++v) {
+        sums[k * RowVecs + v] = dot_pairs(d32, lanes[v], pair, sums[k * RowVecs + v]);
+      }
+    }
+  }
+}
+
 template <int RowVecs>
 void scores_columns_block(const int32_t* pairs, const float* q_scales, int64_t rows, int64_t d,
                           const int32_t* key_pairs, const float* key_scales, int64_t n, float* s_t,
                           int64_t ld_t) {
   const D df;
-  const D32 d32;
-  const D16 d16;
   V32 acc[kBlockKeys * RowVecs];
-  ATTENTION_UNROLL
-  for (auto& a : acc) a = hn::Zero(d32);
-  for (int64_t p = 0; p < d / 2; ++p) {
-    hn::Vec<D16> q[RowVecs];
-    for (int v = 0; v < RowVecs; ++v) {
-      q[v] = hn::BitCast(d16, hn::LoadU(d32, pairs + p * rows + v * kLanes));
-    }
-    for (int64_t k = 0; k < kBlockKeys; ++k) {
-      const auto pair = hn::BitCast(d16, hn::Set(d32, key_pairs[k * (d / 2) + p]));
-      for (int v = 0; v < RowVecs; ++v) {
-        acc[k * RowVecs + v] = dot_pairs(d32, q[v], pair, acc[k * RowVecs + v]);
-      }
-    }
-  }
+  column_products<RowVecs>(pairs, rows, key_pairs, d / 2, 1, d / 2, acc);
   // Constant bounds (ATTENTION_UNROLL): with `n` as the bound the sums were kept on the stack,
   // zeroed there and copied between registers in the loop above.
   ATTENTION_UNROLL
@@ -601,6 +613,8 @@ constexpr int64_t kCodedValueRows = 8;
 constexpr int kProductRows = kRegisters >= 32 ? 8 : 4;
 // A row's codes in the block's buffer: room for the 0 after an odd run.
 constexpr int64_t kCodedValueStride = kCodedValueKeys + 2;
+static_assert(coded_values_scratch_words(0, 1) == kCodedValueKeys / 2,
+              "the scratch holds a run's pairs of keys");
 
 // Row `p`'s weights of keys [0, m) times their scales, as codes (codes[m] is 0, for an odd m's
 // last pair) and the scale they take; false where a weight is not finite or too small for a
@@ -689,9 +703,110 @@ void values_coded_block(const int16_t* codes, const float* scales, const int8_t*
   }
 }
 
+// Many rows' weighted values, the rows across lanes (as scores_columns_block's scores): for each
+// pair of keys, each feature's pair of value codes (widened to 16 bits once a run, for every row)
+// is broadcast into every lane and meets RowVecs registers of rows' weight-code pairs. A run's
+// pairs of keys go by for kBlockKeys features at a time, kBlockKeys * RowVecs sums in registers;
+// the features' value pairs lie in slots (value_pairs) as values_coded_block's lanes hold them.
+
+// The feature a value-pair slot holds, within each chunk of kCodeLanes features: the lanes of
+// InterleaveLower's product and then of InterleaveUpper's (values_coded_block's order).
+HWY_INLINE int64_t slot_feature(int64_t slot) {
+  const int64_t lane = slot % kLanes;
+  return slot - slot % kCodeLanes + 8 * (lane / 4) + lane % 4 +
+         (slot % kCodeLanes >= kLanes ? 4 : 0);
+}
+
+template <int RowVecs>
+void values_columns_block(const int32_t* weight_pairs, int64_t rows, int64_t pairs,
+                          const int32_t* value_pairs, int64_t dv, int64_t s0, const float* scales,
+                          float* acc) {
+  const D df;
+  V32 sums[kBlockKeys * RowVecs];
+  column_products<RowVecs>(weight_pairs, rows, value_pairs + s0, 1, dv, pairs, sums);
+  ATTENTION_UNROLL
+  for (int64_t f = 0; f < kBlockKeys; ++f) {
+    const int64_t feature = slot_feature(s0 + f);
+    ATTENTION_UNROLL
+    for (int v = 0; v < RowVecs; ++v) {
+      HWY_ALIGN float weighted[kLanes];
+      hn::Store(
+          hn::Mul(hn::ConvertTo(df, sums[f * RowVecs + v]), hn::LoadU(df, scales + v * kLanes)), df,
+          weighted);
+      for (int64_t l = 0; l < kLanes; ++l) acc[(v * kLanes + l) * dv + feature] += weighted[l];
+    }
+  }
+}
+
+// values_coded's products where the rows are a multiple of the lanes: each run's rows coded one
+// at a time, their codes laid in pairs across rows, its values widened into pairs of keys once.
+void values_coded_columns(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
+                          const float* value_scales, int64_t cols, float* acc, int64_t dv,
+                          RowsAhead* ahead, int32_t* scratch) {
+  const D32 d32;
+  const D16 d16;
+  const hn::Rebind<int8_t, D16> d8;
+  constexpr int64_t kMostPairs = kCodedValueKeys / 2;
+  int32_t* value_pairs = scratch;                                              // kMostPairs x dv
+  int32_t* weight_pairs = scratch + kMostPairs * dv;                           // kMostPairs x rows
+  float* scales = reinterpret_cast<float*>(weight_pairs + kMostPairs * rows);  // rows
+  if (ahead != nullptr) {
+    const int64_t runs = (cols + kCodedValueKeys - 1) / kCodedValueKeys;
+    ahead->spread_over(runs * (dv / kBlockKeys) * ((rows + 2 * kLanes - 1) / (2 * kLanes)));
+  }
+  HWY_ALIGN int16_t codes[kCodedValueStride];
+  for (int64_t j0 = 0; j0 < cols; j0 += kCodedValueKeys) {
+    const int64_t m = std::min(kCodedValueKeys, cols - j0), pairs = (m + 1) / 2;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = p + r * ld + j0;
+      if (!code_weights(row, value_scales + j0, m, codes, scales + r)) {
+        // The float products for this row, and nothing from the integer ones.
+        values_i8(row, ld, 1, values + j0, value_scales + j0, m, acc + r * dv, dv);
+        scales[r] = 0;
+      }
+      if (scales[r] == 0) std::fill(codes, codes + m + 1, int16_t{0});
+      for (int64_t q = 0; q < pairs; ++q) {
+        const auto low = static_cast<uint16_t>(codes[2 * q]);
+        const auto high = static_cast<uint16_t>(codes[2 * q + 1]);
+        weight_pairs[q * rows + r] = static_cast<int32_t>(static_cast<uint32_t>(high) << 16 | low);
+      }
+    }
+    for (int64_t q = 0; q < pairs; ++q) {
+      // An odd run's last pair: its second weight is 0, any row will do.
+      const int8_t* first = values[j0 + 2 * q];
+      const int8_t* second = values[j0 + std::min(2 * q + 1, m - 1)];
+      for (int64_t c0 = 0; c0 < dv; c0 += kCodeLanes) {
+        const auto x0 = hn::PromoteTo(d16, hn::LoadU(d8, first + c0));
+        const auto x1 = hn::PromoteTo(d16, hn::LoadU(d8, second + c0));
+        int32_t* to = value_pairs + q * dv + c0;
+        hn::StoreU(hn::BitCast(d32, hn::InterleaveLower(d16, x0, x1)), d32, to);
+        hn::StoreU(hn::BitCast(d32, hn::InterleaveUpper(d16, x0, x1)), d32, to + kLanes);
+      }
+    }
+    for (int64_t s0 = 0; s0 < dv; s0 += kBlockKeys) {
+      int64_t r0 = 0;
+      for (; r0 + 2 * kLanes <= rows; r0 += 2 * kLanes) {
+        if (ahead != nullptr) ahead->step();
+        values_columns_block<2>(weight_pairs + r0, rows, pairs, value_pairs, dv, s0, scales + r0,
+                                acc + r0 * dv);
+      }
+      for (; r0 < rows; r0 += kLanes) {
+        if (ahead != nullptr) ahead->step();
+        values_columns_block<1>(weight_pairs + r0, rows, pairs, value_pairs, dv, s0, scales + r0,
+                                acc + r0 * dv);
+      }
+    }
+  }
+  if (ahead != nullptr) ahead->rest();
+}
+
 void values_coded(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
-                  const float* value_scales, int64_t cols, float* acc, int64_t dv,
-                  RowsAhead* ahead) {
+                  const float* value_scales, int64_t cols, float* acc, int64_t dv, RowsAhead* ahead,
+                  int32_t* scratch) {
+  if (scratch != nullptr && rows % kLanes == 0 && rows >= 2 * kLanes) {
+    values_coded_columns(p, ld, rows, values, value_scales, cols, acc, dv, ahead, scratch);
+    return;
+  }
   HWY_ALIGN int16_t codes[kCodedValueRows * kCodedValueStride];
   float scales[kCodedValueRows];
   if (ahead != nullptr) {

@@ -113,11 +113,20 @@ struct DecodeProducts {
   /// coded in 16 bits with a scale of the row's own (its largest weight / 32767: every weight
   /// within 1/65534 of the largest), and the sums of weight codes times value codes exact in 32
   /// bits. A row whose weights are not all finite (a NaN or infinite scale of a key it weighs)
-  /// takes values_i8's float products. `ahead` as scores_coded's.
+  /// takes values_i8's float products. `ahead` as scores_coded's. With `scratch` (room for
+  /// coded_values_scratch_words(rows, dv)), rows a multiple of `lanes` and at least twice it take
+  /// the products with the rows across lanes (each value widened once for all rows); null keeps
+  /// blocks of a few rows. Both give the same results, bit for bit.
   void (*values_coded)(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
                        const float* value_scales, int64_t cols, float* acc, int64_t dv,
-                       RowsAhead* ahead);
+                       RowsAhead* ahead, int32_t* scratch);
 };
+
+/// The scratch words values_coded() takes for `rows` rows of dv features: a run of up to 256
+/// keys' values in pairs of keys, the rows' weight codes in pairs, and their scales.
+constexpr int64_t coded_values_scratch_words(int64_t rows, int64_t dv) {
+  return 128 * dv + 128 * rows + rows;
+}
 
 /// Coded query rows (rows x d, d even) as scores_coded_columns() reads them: pairs[p * rows + r]
 /// holds codes[r][2p] in its low half and codes[r][2p + 1] in its high half.

@@ -409,7 +409,7 @@ class PagedForward {
     int64_t asked_from = 0, asked_to = 0;
     // The matrix route's: the codes in pairs (cpu::pack_code_pairs) and a group of keys' codes
     // widened for the products.
-    int32_t *q_pairs = nullptr, *key_words = nullptr;
+    int32_t *q_pairs = nullptr, *key_words = nullptr, *value_words = nullptr;
     Acc *q_t = nullptr, *keys = nullptr, *values = nullptr, *s_t = nullptr, *scratch = nullptr;
     uint16_t *q16 = nullptr, *keys16 = nullptr, *values16 = nullptr, *p16 = nullptr;
     uint32_t *key_pairs = nullptr, *value_pairs = nullptr;
@@ -439,6 +439,9 @@ class PagedForward {
       scratch = lease.take<Acc>(rows * p.dv);
       q_pairs = lease.take<int32_t>(rows * p.d / 2);
       key_words = lease.take<int32_t>(cpu::kCodedColumnKeys * p.d / 2);
+      if constexpr (std::is_same_v<In, int8_t>) {
+        value_words = lease.take<int32_t>(cpu::coded_values_scratch_words(rows, p.dv));
+      }
       if (!bf16) return;
       q16 = lease.take<uint16_t>(rows * p.d);
       keys16 = lease.take<uint16_t>(kMatrixKeyTile * p.d);
@@ -461,6 +464,9 @@ class PagedForward {
                  L::tile_bytes<Acc>(kMatrixKeys * p.dv) + L::tile_bytes<Acc>(kMatrixKeys * rows) +
                  L::tile_bytes<Acc>(rows * p.dv) + L::tile_bytes<int32_t>(rows * p.d / 2) +
                  L::tile_bytes<int32_t>(cpu::kCodedColumnKeys * p.d / 2);
+        if constexpr (std::is_same_v<In, int8_t>) {
+          total += L::tile_bytes<int32_t>(cpu::coded_values_scratch_words(rows, p.dv));
+        }
         if (bf16) {
           total += L::tile_bytes<uint16_t>(rows * p.d) +
                    L::tile_bytes<uint16_t>(kMatrixKeyTile * p.d) +
@@ -689,8 +695,8 @@ class PagedForward {
     }
     // The weighted values (a value a row gives no weight is not read for it).
     if (products_ != nullptr) {
-      vector_values(w.s + lo, ld, rows, w.v_ptr + lo, w.v_scale + lo, hi - lo, w.acc,
-                    &values_ahead);
+      vector_values(w.s + lo, ld, rows, w.v_ptr + lo, w.v_scale + lo, hi - lo, w.acc, &values_ahead,
+                    nullptr);
       return;
     }
     for (int64_t j = lo; j < hi; ++j) {
@@ -790,7 +796,7 @@ class PagedForward {
     }
     cpu::online_softmax_step(w.s, rows, cols, ld, false, 0, w.max, w.sum, w.acc, dv, dv);
     if (codes_values_) {
-      vector_values(w.s, ld, rows, w.v_ptr, w.v_scale, cols, w.acc, nullptr);
+      vector_values(w.s, ld, rows, w.v_ptr, w.v_scale, cols, w.acc, nullptr, w.value_words);
     } else {
       cpu::gemm<Acc>(false, false, rows, dv, padded, Acc(1), w.s, ld, w.values, dv, Acc(1), w.acc,
                      dv, w.scratch);
@@ -841,11 +847,14 @@ class PagedForward {
     }
   }
   // `ahead`: the next tile's values, asked for on the way (all at once by the float products).
+  // `scratch` (a matrix tile's value_words, or null): the coded products' with many rows.
   void vector_values(const Acc* weights, int64_t ld, int64_t rows, const In* const* values,
-                     const float* scales, int64_t cols, Acc* acc, cpu::RowsAhead* ahead) const {
+                     const float* scales, int64_t cols, Acc* acc, cpu::RowsAhead* ahead,
+                     int32_t* scratch) const {
     if constexpr (std::is_same_v<In, int8_t>) {
       if (codes_values_) {
-        products_->values_coded(weights, ld, rows, values, scales, cols, acc, p_.dv, ahead);
+        products_->values_coded(weights, ld, rows, values, scales, cols, acc, p_.dv, ahead,
+                                scratch);
       } else {
         if (ahead != nullptr) ahead->rest();
         products_->values_i8(weights, ld, rows, values, scales, cols, acc, p_.dv);
