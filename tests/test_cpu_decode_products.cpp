@@ -443,18 +443,21 @@ TEST_CASE("cpu decode products: coded weights' values equal the stated coding's 
           const auto start = acc;
           set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
                             acc.data(), dv, nullptr, nullptr);
-          // Asking for rows on the way changes no sum, and every line is asked for on return;
-          // with scratch, rows a multiple of the lanes (and at least twice them) take the rows
-          // across lanes, with the same results bit for bit.
-          for (const bool scratch : {false, true}) {
-            cpu::RowsAhead ahead(values.ptr.data(), cols, dv);
-            std::vector<int32_t> words(cpu::coded_values_scratch_words(rows, dv), -1);
-            auto acc_asking = start;
-            set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
-                              acc_asking.data(), dv, &ahead, scratch ? words.data() : nullptr);
-            CHECK(std::memcmp(acc_asking.data(), acc.data(), acc.size() * sizeof(float)) == 0);
-            CHECK(ahead.left() == 0);
-          }
+          // Asking for rows on the way changes no sum, and every line is asked for on return.
+          cpu::RowsAhead ahead(values.ptr.data(), cols, dv);
+          auto acc_asking = start;
+          set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
+                            acc_asking.data(), dv, &ahead, nullptr);
+          CHECK(std::memcmp(acc_asking.data(), acc.data(), acc.size() * sizeof(float)) == 0);
+          CHECK(ahead.left() == 0);
+          // With scratch, rows a multiple of the lanes (and at least twice them) take the rows
+          // across lanes: the same integer sums, held to the same bounds below.
+          cpu::RowsAhead columns_ahead(values.ptr.data(), cols, dv);
+          std::vector<int32_t> words(cpu::coded_values_scratch_words(rows, dv), -1);
+          auto acc_columns = start;
+          set->values_coded(p.data(), ld, rows, values.ptr.data(), values.scales.data(), cols,
+                            acc_columns.data(), dv, &columns_ahead, words.data());
+          CHECK(columns_ahead.left() == 0);
           bool as_coded = true, within_half_a_code = true, nan_kept = true;
           for (int64_t r = 0; r < rows; ++r) {
             std::vector<double> coded(start.begin() + r * dv, start.begin() + (r + 1) * dv);
@@ -492,15 +495,16 @@ TEST_CASE("cpu decode products: coded weights' values equal the stated coding's 
               }
             }
             for (int64_t c = 0; c < dv; ++c) {
-              const double got = acc[r * dv + c];
-              if (std::isnan(coded[c])) {
-                nan_kept = nan_kept && std::isnan(got);
-                continue;
+              for (const double got : {acc[r * dv + c], acc_columns[r * dv + c]}) {
+                if (std::isnan(coded[c])) {
+                  nan_kept = nan_kept && std::isnan(got);
+                  continue;
+                }
+                // The sum's conversion to float, its scaling and its addition to the output.
+                as_coded = as_coded && std::abs(got - coded[c]) <= 4 * 6e-8 * magnitude[c];
+                within_half_a_code = within_half_a_code &&
+                                     std::abs(got - exact[c]) <= slack[c] + 4 * 6e-8 * magnitude[c];
               }
-              // The sum's conversion to float, its scaling and its addition to the output.
-              as_coded = as_coded && std::abs(got - coded[c]) <= 4 * 6e-8 * magnitude[c];
-              within_half_a_code = within_half_a_code &&
-                                   std::abs(got - exact[c]) <= slack[c] + 4 * 6e-8 * magnitude[c];
             }
           }
           CHECK(as_coded);

@@ -116,7 +116,9 @@ struct DecodeProducts {
   /// takes values_i8's float products. `ahead` as scores_coded's. With `scratch` (room for
   /// coded_values_scratch_words(rows, dv)), rows a multiple of `lanes` and at least twice it take
   /// the products with the rows across lanes (each value widened once for all rows); null keeps
-  /// blocks of a few rows. Both give the same results, bit for bit.
+  /// blocks of a few rows. Both make the same integer sums, each scaled and added to acc once per
+  /// run; a compiler may fuse that multiply and add in one and not the other (GCC on aarch64
+  /// does), so they agree within a rounding per run.
   void (*values_coded)(const float* p, int64_t ld, int64_t rows, const int8_t* const* values,
                        const float* value_scales, int64_t cols, float* acc, int64_t dv,
                        RowsAhead* ahead, int32_t* scratch);
