@@ -655,6 +655,20 @@ bool code_weights(const float* p, const float* scales, int64_t m, int16_t* codes
   return true;
 }
 
+// Row `p`'s weights of keys [0, m) coded as code_weights() codes them, into codes[0, m] and
+// *scale. A row it cannot code takes values_i8's float products into acc_row here, and codes of
+// 0 and a scale of 0 for the integer products, as does a row whose weights are all 0: whatever
+// those add is 0.
+void code_row(const float* p, const int8_t* const* values, const float* value_scales, int64_t m,
+              float* acc_row, int64_t dv, int16_t* codes, float* scale) {
+  const bool coded = code_weights(p, value_scales, m, codes, scale);
+  if (!coded) values_i8(p, m, 1, values, value_scales, m, acc_row, dv);
+  if (!coded || *scale == 0) {
+    std::fill(codes, codes + m + 1, int16_t{0});
+    *scale = 0;
+  }
+}
+
 // Rows [0, Rows) of coded weights (codes[r * kCodedValueStride + j]) against the values of keys
 // [0, m), added to acc (row stride dv) times each row's scale.
 template <int Rows>
@@ -758,13 +772,8 @@ void values_coded_columns(const float* p, int64_t ld, int64_t rows, const int8_t
   for (int64_t j0 = 0; j0 < cols; j0 += kCodedValueKeys) {
     const int64_t m = std::min(kCodedValueKeys, cols - j0), pairs = (m + 1) / 2;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* row = p + r * ld + j0;
-      if (!code_weights(row, value_scales + j0, m, codes, scales + r)) {
-        // The float products for this row, and nothing from the integer ones.
-        values_i8(row, ld, 1, values + j0, value_scales + j0, m, acc + r * dv, dv);
-        scales[r] = 0;
-      }
-      if (scales[r] == 0) std::fill(codes, codes + m + 1, int16_t{0});
+      code_row(p + r * ld + j0, values + j0, value_scales + j0, m, acc + r * dv, dv, codes,
+               scales + r);
       for (int64_t q = 0; q < pairs; ++q) {
         const auto low = static_cast<uint16_t>(codes[2 * q]);
         const auto high = static_cast<uint16_t>(codes[2 * q + 1]);
@@ -822,14 +831,8 @@ void values_coded(const float* p, int64_t ld, int64_t rows, const int8_t* const*
     for (int64_t r0 = 0; r0 < rows; r0 += kCodedValueRows) {
       const int64_t block = std::min(kCodedValueRows, rows - r0);
       for (int64_t r = 0; r < block; ++r) {
-        const float* row = p + (r0 + r) * ld + j0;
-        int16_t* to = codes + r * kCodedValueStride;
-        if (!code_weights(row, value_scales + j0, m, to, scales + r)) {
-          // The float products for this row, and nothing from the integer ones.
-          values_i8(row, ld, 1, values + j0, value_scales + j0, m, acc + (r0 + r) * dv, dv);
-          std::fill(to, to + m + 1, int16_t{0});
-          scales[r] = 0;
-        }
+        code_row(p + (r0 + r) * ld + j0, values + j0, value_scales + j0, m, acc + (r0 + r) * dv, dv,
+                 codes + r * kCodedValueStride, scales + r);
       }
       for (int64_t b0 = 0; b0 < block; b0 += kProductRows) {
         up_to<kProductRows>(block - b0, [&](auto block_rows) {
