@@ -9,6 +9,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 #include "catch_compat.h"
+#include "source_paths.h"
 
 #include <algorithm>
 #include <fstream>

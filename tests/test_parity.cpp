@@ -23,7 +23,7 @@ using attention::testing::ParityCase;
 namespace {
 
 std::string case_dir(const std::string& name) {
-  return std::string(ATTENTION_SOURCE_DIR) + "/models/parity/" + name;
+  return std::string(test::source_dir()) + "/models/parity/" + name;
 }
 
 // The Python Block of make_parity_cases.py: x + att(norm(x)).

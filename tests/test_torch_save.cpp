@@ -22,7 +22,7 @@ using test::unchanged;
 namespace {
 
 std::string weights_file(const std::string& name) {
-  return std::string(ATTENTION_SOURCE_DIR) + "/models/weights/" + name;
+  return std::string(test::source_dir()) + "/models/weights/" + name;
 }
 
 // "input" and "output" of <name>.expected.pt, read with LibTorch's own unpickler.

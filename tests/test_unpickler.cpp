@@ -143,7 +143,7 @@ TEST_CASE("unpickler: memory is counted in bytes, against the pickle's size",
   CHECK_THROWS_C10(unpickle(kProto + "N" + std::string(1 << 20, '2') + ".", tight), c10::Error,
                    "values of more than");
   // What a real state dict takes stays far below its budget.
-  const std::string saved = test::read_bytes(std::string(ATTENTION_SOURCE_DIR) +
+  const std::string saved = test::read_bytes(std::string(test::source_dir()) +
                                              "/tests/fuzz/corpus/unpickler/book_mha.pkl");
   const auto book = unpickle(saved);
   INFO(book.bytes << " bytes counted for a " << saved.size() << "-byte pickle");

@@ -176,7 +176,7 @@ TEST_CASE("load_weights: safetensors written by Python load, and C++ writes them
 TEST_CASE("load_weights: every truncation of a valid file fails cleanly and changes nothing",
           "[weights][errors]") {
   // The golden files, and the OrderedDict of torch.save(model.state_dict()).
-  const std::string ordered = std::string(ATTENTION_SOURCE_DIR) + "/models/weights/book_mha.pth";
+  const std::string ordered = std::string(test::source_dir()) + "/models/weights/book_mha.pth";
   for (const std::string& file :
        {golden_file("wrapper_3_heads.safetensors"), golden_file("wrapper_3_heads.state_dict.pt"),
         golden_file("wrapper_3_heads.pt"), ordered}) {
@@ -235,7 +235,7 @@ TEST_CASE("load_weights: trusted(false) refuses TorchScript and reads the weight
   const auto untrusted = attention::LoadOptions().trusted(false);
   // Found by fuzzing: LibTorch 1.13's TorchScript importer calls std::terminate on this archive,
   // so it must never reach LibTorch when the source is not trusted.
-  const auto regression = std::string(ATTENTION_SOURCE_DIR) +
+  const auto regression = std::string(test::source_dir()) +
                           "/tests/fuzz/regressions/torchscript_type_parser_terminate.pt";
   for (const auto& path : {regression, golden_file("wrapper_3_heads.pt")}) {
     INFO(path);

@@ -1,5 +1,7 @@
 #include "golden/harness.h"
 
+#include "source_paths.h"
+
 #include <attention/testing.h>
 
 #include <attention/attention.h>
@@ -16,7 +18,7 @@
 namespace golden {
 
 std::string& directory() {
-  static std::string dir = ATTENTION_GOLDEN_DIR;
+  static std::string dir = test::golden_dir();
   return dir;
 }
 
