@@ -29,7 +29,11 @@ check_shared_exports() {
   return 0
 }
 
-work=$(mktemp -d)
+# In the build folder, under a name that is the same in every run: the compiler cache keys the
+# examples' compiles by their paths relative to the checkout (build_example).
+work=$BUILD_DIR/check-package
+rm -rf "$work"
+mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 
 # The examples are one or two files each: they build at the same time, one compiler per core,

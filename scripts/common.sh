@@ -50,10 +50,17 @@ install_package() {
 
 # Installs BUILD_DIR into WORK/prefix (once) and builds examples/NAME against the installed
 # package into WORK/NAME, as a downstream project would; further arguments go to its configure.
+# Through ccache where it is installed, with the suite's settings (CMakeLists.txt): where WORK
+# lies below the checkout, a later run is served what an earlier one compiled, as long as the
+# installed headers and the example are the same.
 build_example() {
-  local work=$1 name=$2
+  local work=$1 name=$2 cache=()
+  if command -v ccache >/dev/null; then
+    cache=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  fi
   install_package "$work"
   cmake -S "$ROOT/examples/$name" -B "$work/$name" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$work/prefix" "${@:3}" >/dev/null
-  cmake --build "$work/$name" -j "$JOBS" >/dev/null
+    -DCMAKE_PREFIX_PATH="$work/prefix" "${cache[@]}" "${@:3}" >/dev/null
+  CCACHE_BASEDIR=$ROOT CCACHE_SLOPPINESS=include_file_mtime,include_file_ctime \
+    cmake --build "$work/$name" -j "$JOBS" >/dev/null
 }
