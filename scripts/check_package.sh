@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the library from BUILD_DIR into a temporary prefix, builds the examples against the
-# installed package as a downstream project would, and runs them: examples/load_python_weights on
+# Installs the library from BUILD_DIR into a prefix in BUILD_DIR/check-package (removed after),
+# builds the examples against the installed package as a downstream project would, and runs
+# them: examples/load_python_weights on
 # weights that Python saves, examples/gpt on the book's GPT that examples/gpt/train.py trained
 # (models/gpt/), which must generate Python's tokens, and with each attention of the book's
 # chapter 4 (examples/gpt/chapter4.py writes them seeded), Python's tokens again; gpt-serve serves
