@@ -9,7 +9,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 DEBIAN13_ROOT=${ATTENTION_DEBIAN13_ROOT:-/var/cache/attention-cpp/trixie}
 DEBIAN13_BUILD=/var/tmp/attention-build  # inside the root
 # ccache: the checkout is /src in every run, so a run compiles only what changed since the last
-# (its cache lives in the root's /root/.cache).
+# (its cache lives inside the root, in its home folder).
 debian13_packages=g++,cmake,make,ccache,libtorch-dev,python3-torch,python3-numpy,catch2,libfmt-dev,nlohmann-json3-dev,zlib1g-dev,libhwy-dev,libgloo-dev,libopenblas0-openmp,libxsmm-dev
 debian13_sudo=()
 if ((EUID != 0)); then debian13_sudo=(sudo); fi
