@@ -51,6 +51,18 @@ std::vector<BadInput> cases() {
     return [=] { F::scaled_dot_product_attention(q_, k_, v_, o); };
   };
   auto fwd = [](auto module, torch::Tensor input) { return [=]() mutable { module(input); }; };
+  // A cache of 8 that holds one token, then given INT64_MAX more.
+  auto int64_max_after_one = [](attention::KVCache cache) {
+    return [cache]() mutable {
+      cache.append(torch::rand({1, 1, 1, 1}), torch::rand({1, 1, 1, 1}));
+      const auto big =
+          torch::zeros({1, 1, 1, 1}).expand({1, 1, std::numeric_limits<int64_t>::max(), 1});
+      cache.append(big, big);
+    };
+  };
+  constexpr const char* kInt64MaxAfterOne =
+      "attention::KVCache: cannot append 9223372036854775807 token(s) to the 1 cached: "
+      "max_length is 8";
   auto mha_fwd = [](auto module, torch::Tensor input, MultiHeadAttentionForwardOptions o) {
     return [=]() mutable { module(input, o); };
   };
@@ -179,6 +191,49 @@ std::vector<BadInput> cases() {
        [] { attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).softcap(-50.0)); },
        Kind::Value,
        "attention::MultiHeadAttention: expected a finite softcap > 0 (unset for none), got -50"},
+      // RelativeBuckets' fields are public: a table sized or indexed by fields set after t5() or
+      // distance() made them would be read out of range, or every position put in one bucket.
+      {"MHA: relative_bias of -1 buckets",
+       [] {
+         auto buckets = F::RelativeBuckets::t5(8, 16);
+         buckets.buckets = -1;
+         attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).relative_bias(buckets));
+       },
+       Kind::Value,
+       "attention::MultiHeadAttention: expected relative_bias as RelativeBuckets::t5() or "
+       "distance() make them (fields set since), got t5 with buckets = -1, max_distance = 16, "
+       "bidirectional = true"},
+      {"MHA: relative_bias of max_distance 0",
+       [] {
+         auto buckets = F::RelativeBuckets::t5(8, 16);
+         buckets.max_distance = 0;
+         attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).relative_bias(buckets));
+       },
+       Kind::Value, "got t5 with buckets = 8, max_distance = 0, bidirectional = true"},
+      {"MHA: relative_bias of distances past its buckets",
+       [] {
+         auto buckets = F::RelativeBuckets::distance(2);
+         buckets.max_distance = 100;
+         attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).relative_bias(buckets));
+       },
+       Kind::Value, "got distance with buckets = 5, max_distance = 100"},
+      {"MHA: relative_bias of INT64_MAX buckets",
+       [] {
+         auto buckets = F::RelativeBuckets::distance(2);
+         buckets.buckets = std::numeric_limits<int64_t>::max();
+         attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).relative_bias(buckets));
+       },
+       Kind::Value, "got distance with buckets = 9223372036854775807, max_distance = 2"},
+      // The mask's dtype is checked before the key padding mask is folded into it.
+      {"MHA: integer attn_mask with key_padding_mask",
+       [=]() mutable {
+         mha(x, MultiHeadAttentionForwardOptions()
+                    .attn_mask(torch::zeros({5, 5}, torch::kInt))
+                    .key_padding_mask(torch::zeros({2, 5}, torch::kBool)));
+       },
+       Kind::Type,
+       "attention::MultiHeadAttention: expected attn_mask of dtype bool (true = masked out) or "
+       "Float (additive), got Int"},
       {"MHA: T beyond context_length", fwd(mha, torch::randn({2, 7, 8})), Kind::Value,
        "expected at most context_length = 6 keys, got 7"},
       {"MHA: feature size", mha_fwd(mha, torch::randn({2, 5, 7}), {}), Kind::Value,
@@ -266,6 +321,27 @@ std::vector<BadInput> cases() {
        "expected a finite softcap > 0 (unset for none), got 0"},
       {"sdpa: infinite softcap", sdpa(q, k, v, O().softcap(INFINITY)), Kind::Value,
        "expected a finite softcap > 0 (unset for none), got inf"},
+      // Finite in double, infinite in float: softcap * tanh(s / softcap) would be NaN everywhere.
+      {"sdpa: softcap beyond float", sdpa(q, k, v, O().softcap(4e38)), Kind::Value,
+       "attention::functional::scaled_dot_product_attention: expected a softcap within float's "
+       "range (<= 3.40282e+38) for Float queries, got 4e+38"},
+      {"sdpa: scale beyond float", sdpa(q, k, v, O().scale(-1e300)), Kind::Value,
+       "attention::functional::scaled_dot_product_attention: expected a scale within float's "
+       "range (|scale| <= 3.40282e+38) for Float queries, got -1e+300"},
+      {"MHA: softcap beyond float",
+       [=] { attention::MultiHeadAttention(MultiHeadAttentionOptions(8, 8, 2).softcap(4e38))(x); },
+       Kind::Value, "expected a softcap within float's range (<= 3.40282e+38) for Float queries"},
+      {"sdpa: relative_buckets fields set since",
+       [=] {
+         auto buckets = F::RelativeBuckets::distance(2);
+         buckets.max_distance = 100;
+         F::scaled_dot_product_attention(
+             q, k, v, O().relative_bias(torch::zeros({5, 2})).relative_buckets(buckets));
+       },
+       Kind::Value,
+       "attention::functional::scaled_dot_product_attention: expected relative_buckets as "
+       "RelativeBuckets::t5() or distance() make them (fields set since), got distance with "
+       "buckets = 5, max_distance = 100, bidirectional = true"},
       {"sdpa: alibi slopes per key/value head", sdpa(q, k, v, O().alibi_slopes(torch::ones({3}))),
        Kind::Value, "expected alibi_slopes of shape (2,), one per query head, got (3,)"},
       {"sdpa: integer alibi slopes",
@@ -481,6 +557,18 @@ std::vector<BadInput> cases() {
          cache.truncate(1);
        },
        Kind::Value, "cannot truncate to 1 tokens: 0 are cached"},
+      // t_new + length must not be formed: it overflows for INT64_MAX tokens.
+      {"KVCache: INT64_MAX tokens after one", int64_max_after_one(attention::KVCache(8)),
+       Kind::Value, kInt64MaxAfterOne},
+      {"KVCache: INT64_MAX tokens after one, 8-bit",
+       int64_max_after_one(attention::KVCache(8, torch::kChar)), Kind::Value, kInt64MaxAfterOne},
+      {"KVCache: 8-bit, no features",
+       [] {
+         attention::KVCache cache(8, torch::kChar);
+         cache.append(torch::rand({1, 2, 1, 0}), torch::rand({1, 2, 1, 0}));
+       },
+       Kind::Value,
+       "attention::KVCache: an 8-bit cache needs head_dim >= 1, got keys (1, 2, 1, 0)"},
       // Cross-layer KV sharing
       {"shared_kv: before its producer",
        [=]() mutable {
@@ -522,6 +610,20 @@ std::vector<BadInput> cases() {
        },
        Kind::Value,
        "expected shared keys and values (2, 2, T, 4), got (2, 1, 5, 4) and (2, 1, 5, 4)"},
+      {"shared_kv: keys of rank 1",
+       [=]() mutable {
+         attention::SharedKV flat{torch::randn({5}), torch::randn({5})};
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&flat));
+       },
+       Kind::Value,
+       "attention::MultiHeadAttention: expected shared keys and values (2, 2, T, 4), got (5,) and "
+       "(5,)"},
+      {"shared_kv: keys of rank 0",
+       [=]() mutable {
+         attention::SharedKV scalar{torch::randn({}), torch::randn({})};
+         mha(x, MultiHeadAttentionForwardOptions().shared_kv(&scalar));
+       },
+       Kind::Value, "expected shared keys and values (2, 2, T, 4), got () and ()"},
       {"shared_kv: fewer keys than tokens",
        [=]() mutable {
          attention::SharedKV few{torch::randn({2, 2, 3, 4}), torch::randn({2, 2, 3, 4})};
@@ -794,6 +896,32 @@ std::vector<BadInput> cases() {
          attention::RMSNorm(4)(torch::rand({2, 4}, torch::kDouble));
        },
        Kind::Type, "attention::RMSNorm: expected input of the weight's dtype Float, got Double"},
+      {"RMSNorm: infinite eps",
+       [] { attention::RMSNorm(attention::RMSNormOptions(4).eps(INFINITY)); }, Kind::Value,
+       "attention::RMSNorm: expected a finite eps >= 0, got inf"},
+      {"RMSNorm: negative eps", [] { attention::RMSNorm(attention::RMSNormOptions(4).eps(-1e-6)); },
+       Kind::Value, "attention::RMSNorm: expected a finite eps >= 0, got -1e-06"},
+      {"RMSNorm: device",
+       [=] {
+         attention::RMSNorm(4)(meta({2, 4}));
+       },
+       Kind::Other, "attention::RMSNorm: expected input on the weight's device cpu, got meta"},
+      {"GatedDeltaNet: Native",
+       [] {
+         attention::GatedDeltaNet(
+             attention::GatedDeltaNetOptions(8, 8, 2).backend(F::Backend::Native));
+       },
+       Kind::Value,
+       "attention::GatedDeltaNet: Backend::Native has no gated delta rule; use Auto, Chunked or "
+       "Math"},
+      {"DeepSeekSparseAttention: Native",
+       [] {
+         attention::DeepSeekSparseAttention(
+             attention::DeepSeekSparseAttentionOptions(8, 8, 2).backend(F::Backend::Native));
+       },
+       Kind::Value,
+       "attention::DeepSeekSparseAttention: Backend::Native has no sparse attention; use Auto, "
+       "Chunked or Math"},
       // sparse_attention, LightningIndexer, DeepSeekSparseAttention and SparseAttentionCache
       {"sparse_attention: an index past the keys",
        [=] {
@@ -1190,6 +1318,79 @@ TEST_CASE("bad input: an empty sequence (T = 0) gives an empty output from every
   CHECK(attention::DeepSeekSparseAttention(3, 4, 2)(empty, &sparse_cache).sizes() ==
         torch::IntArrayRef({2, 0, 4}));
   CHECK(sparse_cache.length() == 0);
+  // Each head's width is named where a view of an empty batch cannot infer it, rotary part too.
+  attention::MultiHeadLatentAttention mla(3, 4, 2);
+  CHECK(mla(empty).sizes() == torch::IntArrayRef({2, 0, 4}));
+  CHECK(mla(torch::randn({0, 3, 3})).sizes() == torch::IntArrayRef({0, 3, 4}));
+  CHECK(mla(torch::randn({0, 3})).sizes() == torch::IntArrayRef({0, 4}));
+  attention::MultiHeadLatentAttention mla_rope(
+      attention::MultiHeadLatentAttentionOptions(3, 4, 2).rope_dim(2));
+  attention::LatentCache latent_cache(4);
+  CHECK(mla_rope(empty, &latent_cache).sizes() == torch::IntArrayRef({2, 0, 4}));
+  CHECK(latent_cache.length() == 0);
+}
+
+TEST_CASE("bad input: a forward refused after its cache's append leaves the cache as it was",
+          "[errors]") {
+  namespace F = attention::functional;
+  torch::manual_seed(5);
+  const auto x = torch::randn({1, 4, 8});
+  SECTION("DeepSeekSparseAttention: dropout on the Chunked backend") {
+    attention::DeepSeekSparseAttention dsa(attention::DeepSeekSparseAttentionOptions(8, 8, 2)
+                                               .index_head_dim(4)
+                                               .topk(3)
+                                               .dropout(0.5)
+                                               .backend(F::Backend::Chunked));
+    attention::SparseAttentionCache cache(16);
+    CHECK_THROWS_C10(dsa(x, &cache), c10::Error,
+                     "attention::functional::sparse_attention: Backend::Chunked runs on the CPU "
+                     "without dropout");
+    CHECK(cache.length() == 0);
+    CHECK(cache.bytes_per_token() == 0);
+    // Not even the first append's shape stays: a cache of other sizes still fits.
+    attention::SparseAttentionCache::Cached other = cache.append(
+        torch::randn({3, 1, 2, 8}), torch::randn({3, 1, 2, 8}), torch::randn({3, 2, 5}));
+    CHECK(other.keys.sizes() == torch::IntArrayRef({3, 1, 2, 8}));
+  }
+  SECTION("MultiHeadLatentAttention: dropout on the Chunked backend, and NaN on Native") {
+    attention::MultiHeadLatentAttention chunked(
+        attention::MultiHeadLatentAttentionOptions(8, 8, 2).dropout(0.5).backend(
+            F::Backend::Chunked));
+    attention::LatentCache cache(16);
+    CHECK_THROWS_C10(chunked(x, &cache), c10::Error,
+                     "the Chunked backend computes neither attention weights nor dropout");
+    CHECK(cache.length() == 0);
+    CHECK_FALSE(cache.latent().defined());
+    attention::MultiHeadLatentAttention native(
+        attention::MultiHeadLatentAttentionOptions(8, 8, 2).backend(F::Backend::Native));
+    native->eval();
+    native(x, &cache);
+    const auto latent = cache.latent().clone();
+    auto nan = x.clone();
+    nan[0][1][2] = NAN;
+    CHECK_THROWS_C10(native(nan, &cache), c10::Error,
+                     "the Native backend cannot take non-finite queries or keys");
+    CHECK(cache.length() == 4);
+    CHECK(torch::equal(cache.latent(), latent));
+  }
+}
+
+TEST_CASE("bad input: a refused first append of a SparseAttentionCache leaves it empty",
+          "[errors]") {
+  attention::SparseAttentionCache cache(4);
+  // Index keys whose storage for max_length tokens would not fit in memory's addresses.
+  const auto huge = torch::zeros({1, 1, 1}).expand({1, 1, int64_t{1} << 61});
+  CHECK_THROWS_C10(cache.append(torch::randn({1, 2, 1, 4}), torch::randn({1, 2, 1, 4}), huge),
+                   c10::ValueError,
+                   "attention::SparseAttentionCache: storage for max_length = 4 tokens of index "
+                   "keys (1, T, 2305843009213693952) would exceed 2^63 - 1 bytes");
+  CHECK(cache.length() == 0);
+  CHECK(cache.bytes_per_token() == 0);
+  // The keys' shape was not fixed by the refused call.
+  const auto other =
+      cache.append(torch::randn({3, 1, 1, 8}), torch::randn({3, 1, 1, 8}), torch::randn({3, 1, 2}));
+  CHECK(other.keys.sizes() == torch::IntArrayRef({3, 1, 1, 8}));
+  CHECK(cache.length() == 1);
 }
 
 TEST_CASE("bad input: NaN and Inf propagate through every module without a crash", "[errors]") {
@@ -1497,5 +1698,64 @@ TEST_CASE("bad input: the paged cache and attention over it refuse by name and c
     }
     CHECK(test::PagedCacheState(cache) == before);
     CHECK(torch::equal(written(), keys));
+  }
+}
+
+TEST_CASE("bad input: a refused forward_paged writes nothing into the cache", "[errors][paged]") {
+  namespace F = attention::functional;
+  using attention::PagedForwardOptions;
+  constexpr const char* kStep = "attention::MultiHeadAttention::forward_paged: ";
+  const attention::ScoreMod same(
+      [](const torch::Tensor& s, const attention::ScoreTile&) { return s; });
+  struct Case {
+    std::string what;
+    MultiHeadAttentionOptions options;
+    PagedForwardOptions step;
+    bool grad_mode;
+    std::string message;
+  };
+  const MultiHeadAttentionOptions base(8, 8, 2);
+  const std::vector<Case> cases = {
+      {"ALiBi on Native", MultiHeadAttentionOptions(base).alibi(true),
+       PagedForwardOptions().backend(F::Backend::Native), false,
+       std::string(kStep) +
+           "the Native backend computes neither soft-capping, ALiBi nor attention sinks; use "
+           "Backend::Math, Chunked or Auto"},
+      {"softcap on Native", MultiHeadAttentionOptions(base).softcap(30.0),
+       PagedForwardOptions().backend(F::Backend::Native), false,
+       std::string(kStep) + "the Native backend computes neither soft-capping"},
+      {"a score_mod on Native", base,
+       PagedForwardOptions().backend(F::Backend::Native).score_mod(same), false,
+       std::string(kStep) +
+           "the Native backend cannot apply a score_mod; use Backend::Math, Chunked or Auto"},
+      // Only the sinks learn: the module's check of its parameters sees them.
+      {"sinks that learn", MultiHeadAttentionOptions(base).sinks(true), PagedForwardOptions(), true,
+       std::string(kStep) +
+           "is for inference: the cache holds no gradients; call it under torch::NoGradGuard"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    torch::manual_seed(7);
+    attention::MultiHeadAttention m(c.options);
+    for (auto& p : m->parameters()) p.requires_grad_(false);
+    if (c.options.sinks()) m->sinks.requires_grad_(true);
+    attention::PagedKVCache cache(attention::PagedKVCacheOptions(4, 4, 2, 4));
+    const auto prompt = torch::arange(9);
+    const int64_t s = cache.add_sequence(prompt).sequence;
+    const auto batch = cache.extend({s}, {8});
+    const auto keys = cache.keys(0).clone(), values = cache.values(0).clone();
+    {
+      c10::AutoGradMode grad(c.grad_mode);
+      CHECK_THROWS_C10(m->forward_paged(torch::randn({8, 8}), cache, batch, c.step), c10::Error,
+                       c.message);
+    }
+    // Bit for bit: the pool is never initialized, and NaN patterns there equal nothing.
+    const auto bits = [](const torch::Tensor& t) { return t.view(torch::kInt); };
+    CHECK(torch::equal(bits(cache.keys(0)), bits(keys)));
+    CHECK(torch::equal(bits(cache.values(0)), bits(values)));
+    // Nothing counts as written: at the cache's next change no page of the prompt is offered to
+    // prefix caching, so the same prompt finds none of it cached.
+    CHECK(cache.add_sequence(prompt).cached_tokens == 0);
+    CHECK_FALSE(cache.page_cached(cache.pages(s)[0]));
   }
 }

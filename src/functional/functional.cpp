@@ -57,6 +57,16 @@ void check_supported(const kernels::Problem& p, Backend backend, const torch::Te
   }
 }
 
+// Whether a paged problem runs on the paged kernel, which reads the pages where they lie; the
+// others run on gathered keys and values.
+bool paged_in_place(const kernels::Problem& p, const torch::Tensor& query,
+                    const torch::Tensor& key_pages) {
+  const bool quantized = key_pages.scalar_type() == torch::kChar;
+  return (p.backend == Backend::Auto || p.backend == Backend::Chunked) && !p.degenerate() &&
+         kernels::paged_forward_applies(query) &&
+         !(quantized && query.scalar_type() == torch::kDouble);
+}
+
 // Auto: Math for weights, dropout or a mask that needs a gradient. Otherwise, on the fused CPU
 // kernels (CPU float, double and bfloat16): in inference Chunked at every size (`attention-bench
 // auto` measured it at 0.4-0.8 of Math's time at T <= 16 and 0.3-0.4 at T = 128 and 256, B=1, H=8);
@@ -78,15 +88,23 @@ Backend choose(const kernels::Problem& p, const torch::Tensor& query) {
 // kernels read a block mask by its blocks and a relative bias by relative position; every other
 // route takes them as masks (the relative bias, with its gradient, on Math). A score_mod runs on
 // the fused CPU kernels and on Math only.
-AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
-                    const torch::Tensor& key, const torch::Tensor& value) {
+// The backend a problem runs on: its own, or Auto's choice.
+Backend route(const kernels::Problem& given, const torch::Tensor& query) {
+  const bool learned_bias = given.relative_bias.defined() && torch::GradMode::is_enabled() &&
+                            given.relative_bias.requires_grad();
+  if (given.backend != Backend::Auto) return given.backend;
+  if ((learned_bias || given.score_mod) && !kernels::fused_cpu_applies(query)) return Backend::Math;
+  return choose(given, query);
+}
+
+// What run() refuses of a problem on its backend, before anything runs: run() checks it, and a
+// caller that must refuse before it changes anything (MultiHeadAttention::forward_paged, which
+// writes its cache) checks it first.
+void check_route(const kernels::Problem& given, Backend backend, const torch::Tensor& query,
+                 const torch::Tensor& key) {
   const bool fused = kernels::fused_cpu_applies(query);
   const bool learned_bias = given.relative_bias.defined() && torch::GradMode::is_enabled() &&
                             given.relative_bias.requires_grad();
-  Backend backend = given.backend == Backend::Auto ? choose(given, query) : given.backend;
-  if (given.backend == Backend::Auto && (learned_bias || given.score_mod) && !fused) {
-    backend = Backend::Math;
-  }
   const bool in_kernel = backend == Backend::Chunked && !given.degenerate() && fused;
   TORCH_CHECK(!(backend == Backend::Chunked && !in_kernel && learned_bias), given.caller,
               ": the Chunked backend differentiates relative_bias on the fused CPU kernels only "
@@ -94,6 +112,16 @@ AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
   TORCH_CHECK(!(backend == Backend::Chunked && !fused && given.score_mod), given.caller,
               ": the Chunked backend applies a score_mod on the fused CPU kernels only (float, "
               "double or bfloat16 on the CPU); use Backend::Math (or Auto)");
+  // Expanding a block mask or a relative bias into a mask changes nothing checked here.
+  check_supported(given, backend, query, key);
+}
+
+AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
+                    const torch::Tensor& key, const torch::Tensor& value) {
+  const bool fused = kernels::fused_cpu_applies(query);
+  const Backend backend = route(given, query);
+  const bool in_kernel = backend == Backend::Chunked && !given.degenerate() && fused;
+  check_route(given, backend, query, key);
   kernels::Problem dense;
   // A packed problem's sequences take theirs one at a time (kernels::each_sequence).
   const bool expand =
@@ -103,7 +131,6 @@ AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
     dense = kernels::with_dense_block_mask(kernels::with_dense_relative_bias(given));
   }
   const kernels::Problem& p = expand ? dense : given;
-  check_supported(p, backend, query, key);
   // Nothing to attend, or nothing to multiply: every backend gives what whole matrices give.
   if (p.degenerate() || backend == Backend::Math) {
     last = Path::Math;
@@ -300,10 +327,7 @@ torch::Tensor paged_attention(const torch::Tensor& query, const torch::Tensor& k
       kernels::make_paged_problem(query, key_pages, value_pages, cu_seqlens_q, key_lengths,
                                   page_table, options, kPaged, key_scales, value_scales);
   const bool quantized = key_pages.scalar_type() == torch::kChar;
-  const bool in_place = (p.backend == Backend::Auto || p.backend == Backend::Chunked) &&
-                        !p.degenerate() && kernels::paged_forward_applies(query) &&
-                        !(quantized && query.scalar_type() == torch::kDouble);
-  if (in_place) {
+  if (paged_in_place(p, query, key_pages)) {
     last = Path::ChunkedFused;
     return kernels::paged_forward(p, query, key_pages, value_pages,
                                   kernels::paged_table(page_table), 0, key_scales, value_scales,
@@ -325,4 +349,26 @@ torch::Tensor paged_attention(const torch::Tensor& query, const torch::Tensor& k
 }
 
 }  // namespace functional
+
+namespace detail {
+
+void check_paged_step(const torch::Tensor& query, const torch::Tensor& key_pages,
+                      const torch::Tensor& key_scales, const torch::Tensor& value_pages,
+                      const torch::Tensor& value_scales, const torch::Tensor& cu_seqlens_q,
+                      const torch::Tensor& key_lengths, const torch::Tensor& page_table,
+                      const functional::ScaledDotProductAttentionOptions& options,
+                      const torch::Tensor& new_keys, const char* caller) {
+  const auto p =
+      kernels::make_paged_problem(query, key_pages, value_pages, cu_seqlens_q, key_lengths,
+                                  page_table, options, caller, key_scales, value_scales);
+  // The paged kernel refuses nothing make_paged_problem accepts.
+  if (functional::paged_in_place(p, query, key_pages)) return;
+  // The other routes run the problem on its gathered keys: of those only the step's own are not
+  // in the pages yet, and what a route refuses of keys (non-finite ones) is refused of them here.
+  const auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1); };
+  functional::check_route(p, functional::route(p, heads_first(query)), heads_first(query),
+                          heads_first(new_keys));
+}
+
+}  // namespace detail
 }  // namespace attention

@@ -17,15 +17,24 @@ namespace {
 // where 2 max_distance + 1 buckets or the logarithm's arguments would overflow.
 constexpr int64_t kMaxRelativeDistance = int64_t{1} << 30;
 
+// T5's limits, which t5() checks and states: num_buckets from `least` and the distances beyond
+// the `exact` range.
+int64_t t5_least(bool bidirectional) {
+  return bidirectional ? 4 : 2;
+}
+int64_t t5_exact(int64_t num_buckets, bool bidirectional) {
+  return (bidirectional ? num_buckets / 2 : num_buckets) / 2;
+}
+
 }  // namespace
 
 RelativeBuckets RelativeBuckets::t5(int64_t num_buckets, int64_t max_distance, bool bidirectional) {
   constexpr const char* kName = "attention::functional::RelativeBuckets::t5";
-  const int64_t least = bidirectional ? 4 : 2;
+  const int64_t least = t5_least(bidirectional);
   TORCH_CHECK_VALUE(num_buckets >= least && num_buckets <= kMaxRelativeDistance, kName,
                     ": expected ", least, " <= num_buckets <= 2^30 (", bidirectional ? "bi" : "uni",
                     "directional), got ", num_buckets);
-  const int64_t exact = (bidirectional ? num_buckets / 2 : num_buckets) / 2;
+  const int64_t exact = t5_exact(num_buckets, bidirectional);
   TORCH_CHECK_VALUE(max_distance > exact && max_distance <= kMaxRelativeDistance, kName,
                     ": expected max_distance above the exact range (", exact,
                     " positions) and at most 2^30, got ", max_distance);
@@ -77,4 +86,29 @@ torch::Tensor RelativeBuckets::bucket(const torch::Tensor& relative) const {
 }
 
 }  // namespace functional
+
+namespace detail {
+
+void check_relative_buckets(const functional::RelativeBuckets& b, const char* what,
+                            const char* caller) {
+  bool made = false;
+  if (b.kind == functional::RelativeBuckets::Kind::T5) {
+    made = b.buckets >= functional::t5_least(b.bidirectional) &&
+           b.buckets <= functional::kMaxRelativeDistance &&
+           b.max_distance > functional::t5_exact(b.buckets, b.bidirectional) &&
+           b.max_distance <= functional::kMaxRelativeDistance;
+  } else if (b.kind == functional::RelativeBuckets::Kind::Distance) {
+    made = b.max_distance >= 0 && b.max_distance <= functional::kMaxRelativeDistance &&
+           b.buckets == 2 * b.max_distance + 1;
+  }
+  TORCH_CHECK_VALUE(made, caller, ": expected ", what,
+                    " as RelativeBuckets::t5() or distance() make them (fields set since), got ",
+                    b.kind == functional::RelativeBuckets::Kind::T5         ? "t5"
+                    : b.kind == functional::RelativeBuckets::Kind::Distance ? "distance"
+                                                                            : "an unknown kind",
+                    " with buckets = ", b.buckets, ", max_distance = ", b.max_distance,
+                    ", bidirectional = ", b.bidirectional ? "true" : "false");
+}
+
+}  // namespace detail
 }  // namespace attention

@@ -1,6 +1,7 @@
 #include "kernels/problem.h"
 
 #include "checks.h"
+#include "functional/relative_buckets.h"
 #include "kernels/paged.h"
 
 #include <torch/torch.h>
@@ -248,6 +249,17 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
                  const functional::ScaledDotProductAttentionOptions& options, bool records_grad,
                  const char* caller) {
   check_options(options, caller);
+  // Below double the kernels compute in float (bfloat16's range is float's): a scale or softcap
+  // beyond it would be infinite there, and softcap * tanh(s / softcap) NaN for every score.
+  if (like.scalar_type() != at::kDouble) {
+    constexpr double kFloatMax = std::numeric_limits<float>::max();
+    TORCH_CHECK_VALUE(!options.scale() || std::abs(*options.scale()) <= kFloatMax, caller,
+                      ": expected a scale within float's range (|scale| <= ", kFloatMax, ") for ",
+                      like.scalar_type(), " queries, got ", options.scale().value_or(0.0));
+    TORCH_CHECK_VALUE(!options.softcap() || *options.softcap() <= kFloatMax, caller,
+                      ": expected a softcap within float's range (<= ", kFloatMax, ") for ",
+                      like.scalar_type(), " queries, got ", options.softcap().value_or(0.0));
+  }
   const auto q = shapes.q, k = shapes.k, v = shapes.v;
   const size_t rank = q.size();
   Problem p;
@@ -301,6 +313,7 @@ Problem describe(const Shapes& shapes, const torch::Tensor& like,
   }
   if (options.relative_bias().defined()) {
     const auto& table = options.relative_bias();
+    detail::check_relative_buckets(options.relative_buckets(), "relative_buckets", caller);
     const int64_t buckets = options.relative_buckets().num_buckets();
     TORCH_CHECK_TYPE(table.scalar_type() == like.scalar_type(), caller,
                      ": expected relative_bias of the queries' dtype ", like.scalar_type(),

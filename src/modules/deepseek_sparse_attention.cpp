@@ -21,6 +21,7 @@ void DeepSeekSparseAttentionImpl::reset() {
   detail::check_head_sizes(o.d_in(), o.d_out(), o.num_heads(), o.dropout(),
                            kDeepSeekSparseAttentionName);
   detail::check_positive(o.topk(), "topk", kDeepSeekSparseAttentionName);
+  detail::check_not_native(o.backend(), "sparse attention", kDeepSeekSparseAttentionName);
   using torch::nn::Linear;
   using torch::nn::LinearOptions;
   const auto projection = [&](int64_t from, int64_t to) {
@@ -56,6 +57,8 @@ torch::Tensor DeepSeekSparseAttentionImpl::forward(const torch::Tensor& x,
   const auto queries = heads(W_query(batch));
   SparseAttentionCache::Cached all{heads(W_key(batch)), heads(W_value(batch)),
                                    indexer->keys(batch)};
+  // A forward refused after the append (dropout on the Chunked backend, say) puts it back.
+  detail::CacheRestore<SparseAttentionCache> restore(cache);
   if (cache != nullptr) all = cache->append(all.keys, all.values, all.index_keys);
   // 2) The indexer picks each query's keys among itself and the tokens before it.
   const auto chosen = indexer(batch, all.index_keys, options.topk());
@@ -66,6 +69,7 @@ torch::Tensor DeepSeekSparseAttentionImpl::forward(const torch::Tensor& x,
                                        .backend(options.backend())
                                        .dropout_p(is_training() ? options.dropout() : 0.0));
   const auto out = out_proj(context.transpose(1, 2).reshape({b, t, options.d_out()}));
+  restore.keep();
   return x.dim() == 2 ? out.squeeze(0) : out;
 }
 

@@ -26,6 +26,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const GatedDeltaNetOptions& options_) : opt
 void GatedDeltaNetImpl::reset() {
   const auto& o = options;
   detail::check_head_sizes(o.d_in(), o.d_out(), o.num_heads(), o.dropout(), kGatedDeltaNetName);
+  detail::check_not_native(o.backend(), "gated delta rule", kGatedDeltaNetName);
   using torch::nn::Linear;
   using torch::nn::LinearOptions;
   const auto linear = [](int64_t from, int64_t to, bool bias) {

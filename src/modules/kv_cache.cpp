@@ -27,9 +27,14 @@ KVCache::KVCache(int64_t max_length, torch::Dtype storage) : KVCache(max_length)
 void KVCache::write(const torch::Tensor& keys, const torch::Tensor& values) {
   detail::check_cache_append(keys, values, quantized_ ? appended_ : keys_, kKVCacheName);
   const int64_t t_new = keys.size(2);
-  TORCH_CHECK_VALUE(length_ + t_new <= max_length_, kKVCacheName, ": cannot append ", t_new,
+  // Written so that no sum can overflow: t_new may be anything up to INT64_MAX.
+  TORCH_CHECK_VALUE(t_new <= max_length_ - length_, kKVCacheName, ": cannot append ", t_new,
                     " token(s) to the ", length_, " cached: max_length is ", max_length_,
                     " (reset() the cache or make a longer one)");
+  // A row's scale is its largest magnitude: a row of no features has none.
+  TORCH_CHECK_VALUE(!quantized_ || keys.size(3) > 0, kKVCacheName,
+                    ": an 8-bit cache needs head_dim >= 1, got keys ",
+                    detail::shape_str(keys.sizes()));
   // Everything is checked: only now is the storage made (on the first append), so that a
   // refused call leaves the cache as it was.
   // The storage is checked to be addressable, and every tensor is made before any is kept:

@@ -1,11 +1,14 @@
 #include <attention/multi_head_attention.h>
 #include <attention/paged_attention.h>
 
+#include "functional/paged_step.h"
+#include "functional/relative_buckets.h"
 #include "functional/rotary_cache.h"
 #include "modules/attention_caches.h"
 #include "modules/projection.h"
 #include "modules/shared.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -95,6 +98,9 @@ void MultiHeadAttentionImpl::reset() {
                     ": expected a finite scale (unset for 1 / sqrt(head_dim)), got ", *o.scale());
   if (o.qk_norm()) check_head_norm(*o.qk_norm(), "qk_norm");
   if (o.value_norm()) check_head_norm(*o.value_norm(), "value_norm");
+  if (o.relative_bias()) {
+    detail::check_relative_buckets(*o.relative_bias(), "relative_bias", kMultiHeadAttentionName);
+  }
   alibi_slopes_ = o.alibi() ? functional::alibi_slopes(o.num_heads()) : torch::Tensor();
   rotary_ = o.rope() ? std::make_shared<detail::RotaryCache>(
                            detail::resolve_rotary(*o.rope(), head_dim(), kMultiHeadAttentionName))
@@ -328,6 +334,12 @@ MultiHeadAttentionImpl::Call MultiHeadAttentionImpl::check_forward(
   if (attn_mask.defined()) {
     const auto scores =
         call.unbatched ? std::vector<int64_t>{H, t_q, t_k} : std::vector<int64_t>{B, H, t_q, t_k};
+    // Checked before the key padding mask is folded in, which takes bool or floating masks.
+    const auto dtype = W_query->weight.scalar_type();
+    TORCH_CHECK_TYPE(attn_mask.scalar_type() == at::kBool || attn_mask.scalar_type() == dtype,
+                     kMultiHeadAttentionName,
+                     ": expected attn_mask of dtype bool (true = masked out) or ", dtype,
+                     " (additive), got ", attn_mask.scalar_type());
     TORCH_CHECK_VALUE(detail::broadcastable_to(attn_mask.sizes(), scores), kMultiHeadAttentionName,
                       ": expected attn_mask broadcastable to ", shape_str(scores), ", got ",
                       shape_str(attn_mask.sizes()));
@@ -500,7 +512,9 @@ void MultiHeadAttentionImpl::check_shared_kv(
                     ": expected shared_kv filled by an earlier layer's forward with share_kv, got "
                     "an empty SharedKV (does this layer run before its producer?)");
   const auto& weight = W_query->weight;
-  const std::vector<int64_t> expected = {batch, options.num_kv_heads(), keys.size(-2), head_dim()};
+  // Keys of another rank have no T to compare: -1 fails the comparison below.
+  const int64_t t = keys.dim() == 4 ? keys.size(2) : -1;
+  const std::vector<int64_t> expected = {batch, options.num_kv_heads(), t, head_dim()};
   TORCH_CHECK_VALUE(keys.dim() == 4 && keys.sizes() == c10::IntArrayRef(expected) &&
                         values.sizes() == keys.sizes(),
                     kMultiHeadAttentionName, ": expected shared keys and values (", batch, ", ",
@@ -572,8 +586,11 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
   TORCH_CHECK_VALUE(options.context_length() == 0 || longest <= options.context_length(),
                     kForwardPaged, ": expected at most context_length = ", options.context_length(),
                     " keys, got ", longest);
-  TORCH_CHECK(!detail::records_grad(x) && !(c10::GradMode::is_enabled() && weight.requires_grad()),
-              kForwardPaged,
+  const auto parameters = this->parameters();
+  const bool learns = c10::GradMode::is_enabled() &&
+                      std::any_of(parameters.begin(), parameters.end(),
+                                  [](const torch::Tensor& p) { return p.requires_grad(); });
+  TORCH_CHECK(!detail::records_grad(x) && !learns, kForwardPaged,
               ": is for inference: the cache holds no gradients; call it under "
               "torch::NoGradGuard");
   if (step.block_mask()) {
@@ -618,17 +635,23 @@ torch::Tensor MultiHeadAttentionImpl::forward_paged(const torch::Tensor& x, Page
     }
     rotate_heads(heads, cos, sin, /*keys_too=*/true);
   }
-  // Cache (the batch's pages of this layer), and attend through the pages.
+  // Cache (the batch's pages of this layer), and attend through the pages: whatever the
+  // attention would refuse is refused before the pages are written.
   const auto packed = [](const torch::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
-  cache.write(layer, batch, packed(heads.keys), packed(heads.values));
+  const auto attention = variants(functional::ScaledDotProductAttentionOptions()
+                                      .is_causal(options.causal())
+                                      .block_mask(step.block_mask())
+                                      .score_mod(step.score_mod())
+                                      .backend(step.backend()));
+  const auto queries = packed(heads.queries), keys = packed(heads.keys);
+  detail::check_paged_step(queries, cache.keys(layer), cache.key_scales(layer), cache.values(layer),
+                           cache.value_scales(layer), batch.query_starts(), batch.key_lengths(),
+                           batch.page_table(), attention, keys, kForwardPaged);
+  cache.write(layer, batch, keys, packed(heads.values));
   const auto attended = functional::paged_attention(
-      packed(heads.queries), cache.keys(layer), cache.key_scales(layer), cache.values(layer),
+      queries, cache.keys(layer), cache.key_scales(layer), cache.values(layer),
       cache.value_scales(layer), batch.query_starts(), batch.key_lengths(), batch.page_table(),
-      variants(functional::ScaledDotProductAttentionOptions()
-                   .is_causal(options.causal())
-                   .block_mask(step.block_mask())
-                   .score_mod(step.score_mod())
-                   .backend(step.backend())));
+      attention);
   // Join the heads, gate, project.
   return output_of(attended.reshape({1, total, options.num_heads() * hd}), heads.gate).squeeze(0);
 }

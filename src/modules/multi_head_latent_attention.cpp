@@ -79,14 +79,17 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, Late
   detail::check_module_input(x, options.d_in(), W_DKV->weight, kMultiHeadLatentAttentionName, "x");
   const auto batch = x.dim() == 2 ? x.unsqueeze(0) : x;
   const int64_t b = batch.size(0), t = batch.size(1), h = options.num_heads();
-  const auto heads = [&](const torch::Tensor& y) { return y.view({b, t, h, -1}).transpose(1, 2); };
+  // Each head's width named: a view with -1 cannot size an empty batch or sequence.
+  const auto heads = [&](const torch::Tensor& y, int64_t width) {
+    return y.view({b, t, h, width}).transpose(1, 2);
+  };
   // 1) Each head's queries, and the latent of the new tokens (DeepSeek's options: the queries
   // from a latent of their own, each latent normalized).
   const auto normalized = [](RMSNorm& norm, const torch::Tensor& y) {
     return norm.is_empty() ? y : norm(y);
   };
   const auto query_source = W_DQ.is_empty() ? batch : normalized(q_norm, W_DQ(batch));
-  const auto queries = heads((W_DQ.is_empty() ? W_query : W_UQ)(query_source));
+  const auto queries = heads((W_DQ.is_empty() ? W_query : W_UQ)(query_source), head_dim());
   auto latent = normalized(kv_norm, W_DKV(batch));
   // DeepSeek's rotary part: a rotated query part per head and one rotated key per token, which
   // the cache keeps beside the latent. The positions go on from the cache's.
@@ -95,17 +98,21 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, Late
     const int64_t past = cache != nullptr ? cache->length() : 0;
     const auto positions = torch::arange(past, past + t, x.options().dtype(torch::kLong));
     const auto rope = functional::RotaryOptions().theta(options.rope_theta());
-    rotary_queries = functional::apply_rotary(heads(W_QR(query_source)), positions, rope);
+    rotary_queries =
+        functional::apply_rotary(heads(W_QR(query_source), options.rope_dim()), positions, rope);
     latent = torch::cat({latent, functional::apply_rotary(W_KR(batch), positions, rope)}, -1);
   }
   // 2) Attention over every latent: the cached ones first when there is a cache.
   // Dropout keeps the book's form: its weights no longer sum to 1, which the absorbed bias needs.
   const bool absorbed = cache != nullptr && attention_options().dropout_p() == 0.0;
+  // A forward refused after the append (dropout on the Chunked backend, say) puts it back.
+  detail::CacheRestore<LatentCache> restore(cache);
   const auto all = cache != nullptr ? cache->append(latent) : latent;
   const auto context = absorbed ? attend_absorbed(queries, rotary_queries, all)
                                 : attend_expanded(queries, rotary_queries, all);
   // 3) The heads joined, then the output projection.
   const auto out = out_proj(context.transpose(1, 2).reshape({b, t, options.d_out()}));
+  restore.keep();
   return x.dim() == 2 ? out.squeeze(0) : out;
 }
 

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 namespace attention {
 
 namespace {
@@ -17,7 +19,9 @@ RMSNormImpl::RMSNormImpl(const RMSNormOptions& options_) : options(options_) {
 
 void RMSNormImpl::reset() {
   detail::check_positive(options.normalized_shape(), "normalized_shape", kRMSNormName);
-  TORCH_CHECK_VALUE(options.eps() >= 0.0, kRMSNormName, ": expected eps >= 0, got ", options.eps());
+  // An infinite eps would make every output 0.
+  TORCH_CHECK_VALUE(std::isfinite(options.eps()) && options.eps() >= 0.0, kRMSNormName,
+                    ": expected a finite eps >= 0, got ", options.eps());
   weight = register_parameter("weight", torch::ones({options.normalized_shape()}));
 }
 
@@ -33,6 +37,8 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK_TYPE(x.scalar_type() == weight.scalar_type(), kRMSNormName,
                    ": expected input of the weight's dtype ", weight.scalar_type(), ", got ",
                    x.scalar_type());
+  TORCH_CHECK(x.device() == weight.device(), kRMSNormName,
+              ": expected input on the weight's device ", weight.device(), ", got ", x.device());
   return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + options.eps()) * weight;
 }
 

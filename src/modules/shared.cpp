@@ -28,6 +28,11 @@ void check_positive(int64_t value, const char* name, const char* module) {
   TORCH_CHECK_VALUE(value > 0, module, ": expected ", name, " > 0, got ", value);
 }
 
+void check_not_native(functional::Backend backend, const char* what, const char* module) {
+  TORCH_CHECK_VALUE(backend != functional::Backend::Native, module, ": Backend::Native has no ",
+                    what, "; use Auto, Chunked or Math");
+}
+
 void check_head_sizes(int64_t d_in, int64_t d_out, int64_t num_heads, double dropout,
                       const char* module) {
   check_positive(d_in, "d_in", module);

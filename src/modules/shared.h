@@ -6,8 +6,13 @@
 
 #include "checks.h"
 
+#include <attention/functional.h>
+
+#include <c10/util/Optional.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
+
+#include <utility>
 
 namespace attention {
 namespace detail {
@@ -34,6 +39,34 @@ void check_head_sizes(int64_t d_in, int64_t d_out, int64_t num_heads, double dro
 /// and device, and, once the cache holds tokens (`cached` defined), like those.
 void check_cache_append(const torch::Tensor& keys, const torch::Tensor& values,
                         const torch::Tensor& cached, const char* cache);
+
+/// Puts a cache back as it was when the forward that appended to it fails afterwards, unless
+/// keep() was called. A copy of a cache shares its storage, so positions past the old length may
+/// be written, but the length, and the want of storage a first append fills, come back.
+template <typename Cache>
+class CacheRestore {
+ public:
+  /// `cache` may be null: nothing to restore then.
+  explicit CacheRestore(Cache* cache) : cache_(cache) {
+    if (cache_ != nullptr) saved_.emplace(*cache_);
+  }
+  CacheRestore(const CacheRestore&) = delete;
+  CacheRestore& operator=(const CacheRestore&) = delete;
+  ~CacheRestore() {
+    if (cache_ != nullptr && !kept_) *cache_ = std::move(*saved_);
+  }
+  /// The forward succeeded: the append stays.
+  void keep() { kept_ = true; }
+
+ private:
+  Cache* cache_;
+  c10::optional<Cache> saved_;
+  bool kept_ = false;
+};
+
+/// Refuses Backend::Native for a module whose functional entry has no Native kernel
+/// (`what`, e.g. "sparse attention"): at construction, not at every forward.
+void check_not_native(functional::Backend backend, const char* what, const char* module);
 
 /// The article's projection matrices, registered as `W_query` (d_in, d_out_kq), `W_key`
 /// (d_in_kv, d_out_kq), `W_value` (d_in_kv, d_out_v) and drawn with torch::rand in that order, so

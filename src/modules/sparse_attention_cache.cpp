@@ -16,7 +16,8 @@ SparseAttentionCache::SparseAttentionCache(int64_t max_length)
 SparseAttentionCache::Cached SparseAttentionCache::append(const torch::Tensor& keys,
                                                           const torch::Tensor& values,
                                                           const torch::Tensor& index_keys) {
-  // The index keys' own checks first, so that the keys' append is the last step that can fail.
+  // The index keys' own checks first, so that the index append refuses only what its cache
+  // alone knows.
   TORCH_CHECK_VALUE(keys.defined() && keys.dim() == 4 && index_keys.defined() &&
                         index_keys.dim() == 3 && index_keys.size(0) == keys.size(0) &&
                         index_keys.size(1) == keys.size(2),
@@ -36,12 +37,21 @@ SparseAttentionCache::Cached SparseAttentionCache::append(const torch::Tensor& k
                     kSparseAttentionCacheName, ": expected index keys of ",
                     cached_index.defined() ? cached_index.size(2) : 0,
                     " features like the cached ones, got ", index_keys.size(2));
-  const int64_t before = kv_.length();
+  TORCH_CHECK_VALUE(
+      cached_index.defined() ||
+          detail::fits_in_bytes({index_keys.size(0), max_length(), index_keys.size(2)},
+                                static_cast<int64_t>(index_keys.element_size())),
+      kSparseAttentionCacheName, ": storage for max_length = ", max_length(),
+      " tokens of index keys (", index_keys.size(0), ", T, ", index_keys.size(2),
+      ") would exceed 2^63 - 1 bytes");
+  // The keys' cache as it was: a copy shares its storage, so a refused index append puts back
+  // its length and, on the first append, its want of storage (which fixes the keys' shape).
+  const KVCache before = kv_;
   auto [all_keys, all_values] = kv_.append(keys, values);
   try {
     return {all_keys, all_values, index_keys_.append(index_keys)};
   } catch (...) {
-    kv_.truncate(before);
+    kv_ = before;
     throw;
   }
 }
