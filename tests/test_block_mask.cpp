@@ -314,6 +314,36 @@ TEST_CASE("BlockMask: sizes at their extremes", "[block_mask]") {
                    "does not fit: expected at most 2^32 blocks");
   CHECK_THROWS_C10(BlockMask::causal(kMax, kMax, 1), c10::ValueError,
                    "does not fit: expected at most 2^32 blocks");
+  // One block of 2^31 x 2^31 positions is within the block limits, but a mask function would be
+  // asked up to 2^62 times: refused before the first call.
+  int64_t calls = 0;
+  const auto counting = [&calls](int64_t, int64_t, int64_t, int64_t) {
+    ++calls;
+    return true;
+  };
+  const int64_t k2to31 = int64_t{1} << 31;
+  CHECK_THROWS_C10(BlockMask::from_function(counting, 1, 1, k2to31, k2to31, k2to31),
+                   c10::ValueError,
+                   "BlockMask::from_function: a mask of 1 x 1 x 2147483648 x 2147483648 (batch x "
+                   "heads x queries x keys) may take that many calls of the mask function: "
+                   "expected at most 2^36");
+  CHECK_THROWS_C10(BlockMask::from_function(counting, kMax, kMax, 1, 1), c10::ValueError,
+                   "a mask of 9223372036854775807 x 9223372036854775807 x 1 x 1");
+  CHECK(calls == 0);
+  // Document ids of more blocks than a mask may have are refused before they are copied (an
+  // expanded tensor of 2^40 ids would take 8 TiB).
+  CHECK_THROWS_C10(BlockMask::document(torch::zeros({1}, torch::kLong).expand({int64_t{1} << 40})),
+                   c10::ValueError,
+                   "BlockMask::document: a mask of 1 x 1 x 8589934592 x 8589934592 blocks of 128 "
+                   "does not fit: expected at most 2^32 blocks");
+  // A mask moved from stays the mask it was.
+  auto moved_from = BlockMask::causal(300, 300, 64);
+  const BlockMask moved_to = std::move(moved_from);
+  CHECK(moved_from.count(Block::Partial) == moved_to.count(Block::Partial));
+  CHECK(torch::equal(moved_from.to_attn_mask(), moved_to.to_attn_mask()));
+  BlockMask assigned = BlockMask::causal(1, 1);
+  assigned = std::move(moved_from);
+  CHECK(torch::equal(moved_from.to_attn_mask(), assigned.to_attn_mask()));
 }
 
 TEST_CASE("BlockMask: bad input is refused by name", "[block_mask][bad_input]") {

@@ -401,3 +401,41 @@ TEST_CASE("score_mod: bad input is refused by name", "[score_mod][bad_input]") {
   CHECK(F::scaled_dot_product_attention(cuda, cuda, cuda, Options().score_mod(forward_only))
             .output.is_cuda());
 }
+
+TEST_CASE("score_mod: apply() and apply_derivative() check their tile before the user's code",
+          "[score_mod][bad_input]") {
+  int calls = 0;
+  const ScoreMod counted(
+      [&calls](const torch::Tensor& s, const ScoreTile&) {
+        ++calls;
+        return s;
+      },
+      [&calls](const torch::Tensor&, const torch::Tensor& g, const ScoreTile&) {
+        ++calls;
+        return g;
+      });
+  const ScoreTile tile;
+  constexpr const char* kCaller = "caller";
+  CHECK_THROWS_C10(counted.apply(torch::randn({4}), tile, kCaller), c10::ValueError,
+                   "caller: expected a score_mod's tile of scores (rows, cols) floating, got Float "
+                   "(4,)");
+  CHECK_THROWS_C10(counted.apply(torch::randn({}), tile, kCaller), c10::ValueError, "got Float ()");
+  CHECK_THROWS_C10(counted.apply(torch::Tensor(), tile, kCaller), c10::ValueError,
+                   "got an undefined tensor");
+  CHECK_THROWS_C10(counted.apply(torch::ones({2, 2}, torch::kLong), tile, kCaller), c10::ValueError,
+                   "got Long (2, 2)");
+  CHECK_THROWS_C10(counted.apply(torch::randn({2, 2}), tile, nullptr), c10::ValueError,
+                   "attention::ScoreMod: expected the caller's name to put in messages, got a null "
+                   "pointer");
+  CHECK_THROWS_C10(
+      counted.apply_derivative(torch::randn({2, 3}), torch::randn({3, 2}), tile, kCaller),
+      c10::ValueError,
+      "caller: expected a score_mod's gradient of the scores' shape (2, 3) and dtype "
+      "Float, got Float (3, 2)");
+  CHECK_THROWS_C10(counted.apply_derivative(torch::randn({2, 3}),
+                                            torch::randn({2, 3}, torch::kDouble), tile, kCaller),
+                   c10::ValueError, "got Double (2, 3)");
+  CHECK(calls == 0);
+  counted.apply_derivative(torch::randn({2, 3}), torch::randn({2, 3}), tile, kCaller);
+  CHECK(calls == 1);
+}

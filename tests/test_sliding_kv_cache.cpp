@@ -80,3 +80,18 @@ TEST_CASE("sliding kv cache: training reaches this step's keys, not the held one
   CHECK(torch::equal(k1.grad(), torch::ones_like(k1)));
   CHECK(!k0.grad().defined());
 }
+
+TEST_CASE("sliding kv cache: a refused first append fixes no shape, and no call's memory is held",
+          "[kv_cache][bad_input]") {
+  SlidingKVCache cache(4);
+  // 2^40 tokens of 4 features: the held keys cannot be made (16 TiB).
+  const auto huge = torch::zeros({1, 1, 1, 4}).expand({1, 1, int64_t{1} << 40, 4});
+  CHECK_THROWS_AS(cache.append(huge, huge), c10::Error);
+  CHECK(cache.length() == 0);
+  // A first call of another shape is the first call.
+  const auto keys = torch::randn({2, 1, 3, 4}), values = torch::randn({2, 1, 3, 4});
+  CHECK(cache.append(keys, values).first.sizes() == torch::IntArrayRef({2, 1, 3, 4}));
+  // The parts kept are tensors of their own: the call's keys are referred to by nothing else.
+  CHECK(keys.storage().use_count() == 1);
+  CHECK(values.storage().use_count() == 1);
+}

@@ -64,6 +64,25 @@ TEST_CASE("Workspace holds the largest request per slot and gives it back on rel
   CHECK(torch::equal(held, torch::full({100}, 3.0f)));  // still valid after release
 }
 
+TEST_CASE("Workspace refuses options a flat buffer cannot serve, and keeps the slot as it was",
+          "[workspace][bad_input]") {
+  Workspace workspace;
+  workspace.take(0, {4}, torch::kFloat);
+  CHECK_THROWS_C10(workspace.take(0, {8}, torch::TensorOptions().layout(torch::kSparse)),
+                   c10::ValueError,
+                   "attention::Workspace::take: expected a strided layout, got Sparse");
+  CHECK_THROWS_C10(
+      workspace.take(0, {1, 2, 2, 2},
+                     torch::TensorOptions().memory_format(torch::MemoryFormat::ChannelsLast)),
+      c10::ValueError,
+      "attention::Workspace::take: expected the contiguous memory format, got ChannelsLast");
+  CHECK_THROWS_C10(workspace.take(0, {4}, torch::TensorOptions().requires_grad(true)),
+                   c10::ValueError,
+                   "attention::Workspace::take: expected options without requires_grad");
+  CHECK(workspace.bytes() == 16);
+  CHECK(workspace.take(0, {4}, torch::kFloat).fill_(1.0f).sum().item<float>() == 4.0f);
+}
+
 TEST_CASE("MultiHeadAttention in inference: the reused projections change no result",
           "[workspace][multi_head_attention]") {
   torch::manual_seed(3);

@@ -73,7 +73,8 @@ class ATTENTION_API BlockMask {
   /// batch x heads x t_q x t_k calls (the partial blocks' twice): the builders below classify
   /// without calls and ask the function only about the pairs of partial blocks. Throws
   /// c10::ValueError for sizes below their minimum (0 for lengths, 1 otherwise), for more than
-  /// 2^32 blocks or 2^34 pairs in partial blocks, and a c10::Error naming the block, query and key
+  /// 2^36 queries and keys (batch x heads x t_q x t_k: the calls it may make), 2^32 blocks or
+  /// 2^34 pairs in partial blocks, and a c10::Error naming the block, query and key
   /// when `visible` throws (nothing is made then).
   static BlockMask from_function(MaskFunction visible, int64_t batch, int64_t heads, int64_t t_q,
                                  int64_t t_k, int64_t block_size = kDefaultMaskBlock);
@@ -167,6 +168,14 @@ class ATTENTION_API BlockMask {
   /// `true` hides the key. What `attn_mask` of scaled_dot_product_attention takes (Math computes
   /// a block mask's attention from it: the reference).
   torch::Tensor to_attn_mask() const;
+
+  /// Copies share the classes and pairs, which no mask changes once made.
+  BlockMask(const BlockMask&) = default;
+  BlockMask& operator=(const BlockMask&) = default;
+  /// A move copies: the mask moved from stays the mask it was, where an emptied one would have
+  /// nothing for its members to read.
+  BlockMask(BlockMask&& other) : BlockMask(static_cast<const BlockMask&>(other)) {}
+  BlockMask& operator=(BlockMask&& other) { return *this = static_cast<const BlockMask&>(other); }
 
  private:
   // The classes, and the pairs of the partial blocks. Written while a mask is made, never after.

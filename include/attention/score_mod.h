@@ -82,13 +82,15 @@ class ATTENTION_API ScoreMod {
   /// Whether a derivative was given: training is possible.
   bool differentiable() const { return static_cast<bool>(derivative_); }
 
-  /// Applies the function to `scores` (a rows x cols tile, written in place with the result).
-  /// Throws c10::Error naming `caller` and the tile when the function throws or returns anything
-  /// but a tensor of the tile's shape; `scores` may then be half written.
+  /// Applies the function to `scores` (a rows x cols floating tile, written in place with the
+  /// result). Throws c10::ValueError for another tile or a null `caller`, and c10::Error naming
+  /// `caller` and the tile when the function throws or returns anything but a tensor of the tile's
+  /// shape; `scores` may then be half written.
   void apply(const torch::Tensor& scores, const ScoreTile& tile, const char* caller) const;
 
   /// Applies the derivative: `grad` (the gradient with respect to the modified scores) becomes
-  /// the gradient with respect to `scores`. Errors as apply().
+  /// the gradient with respect to `scores`. Errors as apply(), and c10::ValueError for a `grad`
+  /// of another shape or dtype than `scores`.
   void apply_derivative(const torch::Tensor& scores, const torch::Tensor& grad,
                         const ScoreTile& tile, const char* caller) const;
 

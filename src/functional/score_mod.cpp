@@ -58,6 +58,29 @@ void write_result(const Compute& compute, const torch::Tensor& target,
   target.copy_(result);
 }
 
+constexpr const char* kScoreModName = "attention::ScoreMod";
+
+// What apply() and apply_derivative() take: a caller to name, a 2-D floating tile of scores and,
+// for the derivative, a gradient of its shape.
+void check_tile(const torch::Tensor& scores, const torch::Tensor* grad, const char* caller) {
+  TORCH_CHECK_VALUE(caller != nullptr, kScoreModName,
+                    ": expected the caller's name to put in messages, got a null pointer");
+  TORCH_CHECK_VALUE(scores.defined() && scores.dim() == 2 && scores.is_floating_point(), caller,
+                    ": expected a score_mod's tile of scores (rows, cols) floating, got ",
+                    scores.defined() ? std::string(c10::toString(scores.scalar_type())) + " " +
+                                           detail::shape_str(scores.sizes())
+                                     : std::string("an undefined tensor"));
+  if (grad == nullptr) return;
+  TORCH_CHECK_VALUE(
+      grad->defined() && grad->sizes() == scores.sizes() &&
+          grad->scalar_type() == scores.scalar_type(),
+      caller, ": expected a score_mod's gradient of the scores' shape ",
+      detail::shape_str(scores.sizes()), " and dtype ", scores.scalar_type(), ", got ",
+      grad->defined()
+          ? std::string(c10::toString(grad->scalar_type())) + " " + detail::shape_str(grad->sizes())
+          : std::string("an undefined tensor"));
+}
+
 }  // namespace
 
 ScoreMod::ScoreMod(ScoreFunction function, ScoreDerivative derivative)
@@ -67,11 +90,13 @@ ScoreMod::ScoreMod(ScoreFunction function, ScoreDerivative derivative)
 }
 
 void ScoreMod::apply(const torch::Tensor& scores, const ScoreTile& tile, const char* caller) const {
+  check_tile(scores, nullptr, caller);
   write_result([&] { return function_(scores, tile); }, scores, scores, tile, caller, "function");
 }
 
 void ScoreMod::apply_derivative(const torch::Tensor& scores, const torch::Tensor& grad,
                                 const ScoreTile& tile, const char* caller) const {
+  check_tile(scores, &grad, caller);
   TORCH_CHECK(differentiable(), caller, ": the score_mod has no derivative");
   write_result([&] { return derivative_(scores, grad, tile); }, grad, scores, tile, caller,
                "derivative");

@@ -25,6 +25,8 @@ using functional::CausalAlignment;
 
 // The most blocks a mask holds (one byte each).
 constexpr int64_t kMaxBlocks = int64_t{1} << 32;
+// The most calls from_function may make of a mask function: about a minute of a cheap one.
+constexpr int64_t kMaxFunctionCalls = int64_t{1} << 36;
 // The most pairs its partial blocks hold (one byte each): 16 GiB.
 constexpr int64_t kMaxPairs = int64_t{1} << 34;
 
@@ -240,6 +242,20 @@ void BlockMask::classify_blocks(
 BlockMask BlockMask::from_function(MaskFunction visible, int64_t batch, int64_t heads, int64_t t_q,
                                    int64_t t_k, int64_t block_size) {
   constexpr const char* kName = "BlockMask::from_function";
+  // Up to a call per query and key of every (b, h): bounded before any is made, so that sizes
+  // the block limits allow cannot ask for a call count no one can wait for.
+  if (batch >= 1 && heads >= 1 && t_q >= 0 && t_k >= 0) {
+    int64_t calls = 1;
+    bool fits = true;
+    for (const int64_t factor : {batch, heads, t_q, t_k}) {
+      fits = fits && !__builtin_mul_overflow(calls, factor, &calls);
+    }
+    TORCH_CHECK_VALUE(fits && calls <= kMaxFunctionCalls, kName, ": a mask of ", batch, " x ",
+                      heads, " x ", t_q, " x ", t_k,
+                      " (batch x heads x queries x keys) may take that many calls of the mask "
+                      "function: expected at most 2^36 (causal, sliding_window, document and "
+                      "prefix_lm make larger masks without calls)");
+  }
   BlockMask mask(std::move(visible), batch, heads, t_q, t_k, block_size, kName);
   const int64_t total = static_cast<int64_t>(mask.storage_->blocks.size());
   FirstFailure failure;
@@ -324,14 +340,16 @@ BlockMask BlockMask::document(const torch::Tensor& document_ids, int64_t block_s
   const int64_t batch = ids2d.size(0), t = ids2d.size(1);
   TORCH_CHECK_VALUE(batch >= 1, kName, ": expected document_ids with at least one row, got ",
                     document_ids.sizes());
-  auto ids = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(batch * t));
-  const auto host = ids2d.to(torch::kCPU, torch::kLong).contiguous();
-  std::copy(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel(), ids->begin());
+  // The mask's sizes are checked (its blocks counted) before the ids are copied: ids of more
+  // blocks than a mask may have are refused without a copy of them.
+  auto ids = std::make_shared<std::vector<int64_t>>();
   BlockMask mask(
       [ids, t](int64_t b, int64_t, int64_t q, int64_t kv) {
         return (*ids)[static_cast<size_t>(b * t + q)] == (*ids)[static_cast<size_t>(b * t + kv)];
       },
       batch, 1, t, t, block_size, kName);
+  const auto host = ids2d.to(torch::kCPU, torch::kLong).contiguous();
+  ids->assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   // Each block's smallest and largest id: blocks whose ranges do not meet share no document
   // (empty); a block of one id on both sides is full; the others are partial (also when the
   // ranges meet without a shared id: the function decides there).

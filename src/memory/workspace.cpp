@@ -22,6 +22,15 @@ torch::Tensor Workspace::take(int slot, c10::IntArrayRef sizes,
   for (const int64_t size : sizes) {
     TORCH_CHECK_VALUE(size >= 0, kName, ": expected sizes >= 0, got ", detail::shape_str(sizes));
   }
+  // A buffer is a flat, strided tensor viewed in the sizes asked for: any other layout or memory
+  // format cannot be, and a buffer that records gradients cannot be written in place.
+  TORCH_CHECK_VALUE(options.layout() == torch::kStrided, kName, ": expected a strided layout, got ",
+                    options.layout());
+  TORCH_CHECK_VALUE(
+      !options.has_memory_format() || options.memory_format_opt() == c10::MemoryFormat::Contiguous,
+      kName, ": expected the contiguous memory format, got ", *options.memory_format_opt());
+  TORCH_CHECK_VALUE(!options.requires_grad(), kName,
+                    ": expected options without requires_grad (a buffer is written in place)");
   const auto dtype = c10::typeMetaToScalarType(options.dtype());
   TORCH_CHECK_VALUE(detail::fits_in_bytes(sizes, static_cast<int64_t>(c10::elementSize(dtype))),
                     kName, ": expected sizes of at most 2^63 - 1 bytes, got ",
