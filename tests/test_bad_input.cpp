@@ -1759,3 +1759,39 @@ TEST_CASE("bad input: a refused forward_paged writes nothing into the cache", "[
     CHECK_FALSE(cache.page_cached(cache.pages(s)[0]));
   }
 }
+
+TEST_CASE("bad input: enumeration values no case handles are refused by name", "[errors]") {
+  namespace F = attention::functional;
+  using attention::BlockMask;
+  const auto bad_backend = static_cast<F::Backend>(9);
+  const auto bad_alignment = static_cast<F::CausalAlignment>(7);
+  const auto q = torch::randn({1, 2, 4, 8});
+  CHECK_THROWS_C10(F::scaled_dot_product_attention(
+                       q, q, q, F::ScaledDotProductAttentionOptions().backend(bad_backend)),
+                   c10::ValueError,
+                   "attention::functional::scaled_dot_product_attention: expected a Backend (Auto, "
+                   "Math, Chunked or Native), got the value 9");
+  CHECK_THROWS_C10(
+      F::scaled_dot_product_attention(
+          q, q, q,
+          F::ScaledDotProductAttentionOptions().is_causal(true).causal_alignment(bad_alignment)),
+      c10::ValueError,
+      "attention::functional::scaled_dot_product_attention: expected a CausalAlignment "
+      "(BottomRight or TopLeft), got the value 7");
+  CHECK_THROWS_C10(BlockMask::causal(4, 6, 2, bad_alignment), c10::ValueError,
+                   "BlockMask::causal: expected a CausalAlignment (BottomRight or TopLeft), got "
+                   "the value 7");
+  CHECK_THROWS_C10(BlockMask::sliding_window(4, 6, 1, 2, bad_alignment), c10::ValueError,
+                   "BlockMask::sliding_window: expected a CausalAlignment");
+  CHECK_THROWS_C10(F::sparse_attention(q, q, q, torch::zeros({1, 4, 1}, torch::kLong),
+                                       F::SparseAttentionOptions().backend(bad_backend)),
+                   c10::ValueError,
+                   "attention::functional::sparse_attention: expected a Backend (Auto, Math, "
+                   "Chunked or Native), got the value 9");
+  const auto log_decay = -torch::rand({1, 2, 4}), beta = torch::rand({1, 2, 4});
+  CHECK_THROWS_C10(F::gated_delta_rule(q, q, q, log_decay, beta,
+                                       F::GatedDeltaRuleOptions().backend(bad_backend)),
+                   c10::ValueError,
+                   "attention::functional::gated_delta_rule: expected a Backend (Auto, Math, "
+                   "Chunked or Native), got the value 9");
+}

@@ -4,6 +4,7 @@
 #include <attention/gated_delta_rule.h>
 
 #include "checks.h"
+#include "functional/enum_checks.h"
 #include "functional/last_path.h"
 #include "kernels/cpu/delta_rule.h"
 
@@ -62,6 +63,7 @@ torch::Tensor check_arguments(const torch::Tensor& q, const torch::Tensor& k,
                    dtype);
   TORCH_CHECK_TYPE(!(q.device().is_cpu() && dtype == at::kHalf), caller,
                    ": expected Float, Double or BFloat16 on the CPU, got Half");
+  detail::check_backend(options.backend(), caller);
   TORCH_CHECK_VALUE(options.backend() != Backend::Native, caller,
                     ": Backend::Native has no gated delta rule; use Auto, Chunked or Math");
   TORCH_CHECK_VALUE(options.backend() != Backend::Chunked || q.device().is_cpu(), caller,

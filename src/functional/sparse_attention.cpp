@@ -5,6 +5,7 @@
 #include <attention/sparse_attention.h>
 
 #include "checks.h"
+#include "functional/enum_checks.h"
 #include "functional/last_path.h"
 #include "kernels/cpu/sparse_attention.h"
 
@@ -69,6 +70,7 @@ torch::Tensor check_arguments(const torch::Tensor& q, const torch::Tensor& k,
   }
   TORCH_CHECK_VALUE(options.dropout_p() >= 0.0 && options.dropout_p() < 1.0, caller,
                     ": expected dropout_p in [0, 1), got ", options.dropout_p());
+  detail::check_backend(options.backend(), caller);
   TORCH_CHECK_VALUE(options.backend() != Backend::Native, caller,
                     ": Backend::Native has no sparse attention; use Auto, Chunked or Math");
   TORCH_CHECK_VALUE(

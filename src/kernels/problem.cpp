@@ -1,6 +1,7 @@
 #include "kernels/problem.h"
 
 #include "checks.h"
+#include "functional/enum_checks.h"
 #include "functional/relative_buckets.h"
 #include "kernels/paged.h"
 
@@ -117,6 +118,8 @@ void check_projections(const torch::Tensor& x_q, const torch::Tensor& x_kv,
 }
 
 void check_options(const functional::ScaledDotProductAttentionOptions& o, const char* caller) {
+  detail::check_backend(o.backend(), caller);
+  detail::check_alignment(o.causal_alignment(), caller);
   TORCH_CHECK_VALUE(o.dropout_p() >= 0.0 && o.dropout_p() < 1.0, caller,
                     ": expected dropout_p in [0, 1), got ", o.dropout_p());
   TORCH_CHECK_VALUE(!o.scale() || std::isfinite(*o.scale()), caller,

@@ -5,6 +5,8 @@
 
 #include <attention/block_mask.h>
 
+#include "functional/enum_checks.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -291,6 +293,7 @@ BlockMask BlockMask::from_function(MaskFunction visible, int64_t batch, int64_t 
 
 BlockMask BlockMask::causal(int64_t t_q, int64_t t_k, int64_t block_size,
                             CausalAlignment alignment) {
+  detail::check_alignment(alignment, "BlockMask::causal");
   const int64_t offset = position_offset(t_q, t_k, alignment);
   BlockMask mask([offset](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q + offset; }, 1,
                  1, t_q, t_k, block_size, "BlockMask::causal");
@@ -306,6 +309,7 @@ BlockMask BlockMask::sliding_window(int64_t t_q, int64_t t_k, int64_t window_lef
                                     int64_t block_size, CausalAlignment alignment) {
   constexpr const char* kName = "BlockMask::sliding_window";
   TORCH_CHECK_VALUE(window_left >= 0, kName, ": expected window_left >= 0, got ", window_left);
+  detail::check_alignment(alignment, kName);
   const int64_t offset = position_offset(t_q, t_k, alignment);
   // pos - kv is at most t_q + |offset|: no overflow against any window.
   BlockMask mask(
