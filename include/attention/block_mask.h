@@ -169,12 +169,14 @@ class ATTENTION_API BlockMask {
   /// a block mask's attention from it: the reference).
   torch::Tensor to_attn_mask() const;
 
-  /// Copies share the classes and pairs, which no mask changes once made.
+  /// A copy shares the classes and pairs, which no mask changes once made.
   BlockMask(const BlockMask&) = default;
+  /// Shares the classes and pairs of `other`, as a copy does.
   BlockMask& operator=(const BlockMask&) = default;
   /// A move copies: the mask moved from stays the mask it was, where an emptied one would have
   /// nothing for its members to read.
   BlockMask(BlockMask&& other) : BlockMask(static_cast<const BlockMask&>(other)) {}
+  /// As the copy assignment: `other` stays the mask it was.
   BlockMask& operator=(BlockMask&& other) { return *this = static_cast<const BlockMask&>(other); }
 
  private:

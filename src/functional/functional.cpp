@@ -84,10 +84,6 @@ Backend choose(const kernels::Problem& p, const torch::Tensor& query) {
   return small ? Backend::Math : Backend::Chunked;
 }
 
-// Runs a validated problem on the backend it asks for (or Auto's choice). Only the fused CPU
-// kernels read a block mask by its blocks and a relative bias by relative position; every other
-// route takes them as masks (the relative bias, with its gradient, on Math). A score_mod runs on
-// the fused CPU kernels and on Math only.
 // The backend a problem runs on: its own, or Auto's choice.
 Backend route(const kernels::Problem& given, const torch::Tensor& query) {
   const bool learned_bias = given.relative_bias.defined() && torch::GradMode::is_enabled() &&
@@ -116,6 +112,10 @@ void check_route(const kernels::Problem& given, Backend backend, const torch::Te
   check_supported(given, backend, query, key);
 }
 
+// Runs a validated problem on the backend it asks for (or Auto's choice). Only the fused CPU
+// kernels read a block mask by its blocks and a relative bias by relative position; every other
+// route takes them as masks (the relative bias, with its gradient, on Math). A score_mod runs on
+// the fused CPU kernels and on Math only.
 AttentionOutput run(const kernels::Problem& given, const torch::Tensor& query,
                     const torch::Tensor& key, const torch::Tensor& value) {
   const bool fused = kernels::fused_cpu_applies(query);
